@@ -1,0 +1,15 @@
+# bench/build.mk: the open `cuda-checkpoint` stand-in that lets CRIU's stock
+# cuda plugin (the benchmark baseline) run where NVIDIA's utility is absent.
+# Included from the repo root by the top-level Makefile, which must set BUILD,
+# CC, CFLAGS, LDFLAGS and CUDA_HOME before the include (targets expand at parse
+# time). Links against the driver stub; the real libcuda.so.1 (same SONAME) is
+# used at run time.
+
+CUDA_CHECKPOINT_BIN := $(BUILD)/bin/cuda-checkpoint
+
+ALL += $(CUDA_CHECKPOINT_BIN)
+
+$(CUDA_CHECKPOINT_BIN): bench/cuda-checkpoint.c bench/build.mk
+	@mkdir -p $(@D)
+	$(CC) -std=gnu11 -D_GNU_SOURCE $(CFLAGS) -I$(CUDA_HOME)/include -o $@ $< \
+		$(LDFLAGS) -L$(CUDA_HOME)/lib64/stubs -lcuda

@@ -1,0 +1,28 @@
+/* Protocol v1 messages (proto/rpc.proto) over frames (frame.h).
+ *
+ * msg_send packs and sends one Msg with its fds; msg_recv receives and
+ * unpacks one, checking that the fds that arrived match Msg.nfds. A decoded
+ * Msg is freed with msg_free; fds received are the caller's. Malformed bytes
+ * give -EBADMSG, never a crash. Nothing here logs. */
+#ifndef GPUCR_MSG_H
+#define GPUCR_MSG_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "proto/rpc.pb-c.h"
+
+#define GPUCR_PROTO_VERSION 1
+
+int msg_send(int sock, Gpucr__Msg *m, const int *fds, unsigned nfds);
+/* Decodes a received frame: on success *ret is the message and the fds are
+ * checked against m->nfds (a mismatch is -EBADMSG; the fds stay the
+ * caller's either way). */
+int msg_decode(const void *buf, size_t len, unsigned nfds_received, Gpucr__Msg **ret);
+int msg_recv(int sock, Gpucr__Msg **ret, int *fds, unsigned max_fds, unsigned *ret_nfds);
+void msg_free(Gpucr__Msg *m);
+
+/* A short name for the body, for messages: "dump", "buffer_add", ... */
+const char *msg_body_name(const Gpucr__Msg *m);
+
+#endif

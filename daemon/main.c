@@ -1,0 +1,163 @@
+/* gpucrd: the per-host daemon. Parses options, opens (or inherits) the
+ * socket, runs the event loop until SIGTERM/SIGINT. */
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <libgen.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "gpucrd.h"
+#include "log.h"
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+		"Usage: gpucrd [--socket PATH] [--foreground] [--systemd] [--log FILE] [--verbose]\n\n"
+		"The gpucr daemon: attached CUDA processes hand it their GPU memory; it\n"
+		"writes and restores GPU images for CRIU dumps and restores.\n\n"
+		"  --socket PATH   listen here (default $GPUCR_SOCKET or %s)\n"
+		"  --foreground    stay in the foreground (the default; kept for scripts)\n"
+		"  --systemd       take the listening socket from systemd and notify readiness\n"
+		"  --log FILE      append log lines to FILE instead of stderr\n"
+		"  --verbose       debug logging (same as GPUCR_LOG=debug)\n"
+		"  --version, --help\n",
+		GPUCR_DEFAULT_SOCKET);
+}
+
+static struct daemon daemon_;
+
+static void on_signal(uv_signal_t *h, int sig)
+{
+	struct daemon *d = h->data;
+
+	pr_info("signal %d: shutting down", sig);
+	server_stop(d);
+	uv_signal_stop(&d->sigterm);
+	uv_signal_stop(&d->sigint);
+	uv_close((uv_handle_t *)&d->sigterm, NULL);
+	uv_close((uv_handle_t *)&d->sigint, NULL);
+}
+
+static int mkdir_parent(const char *path)
+{
+	char *tmp = strdup(path), *dir;
+	int r = 0;
+
+	if (!tmp)
+		return -ENOMEM;
+	dir = dirname(tmp);
+	if (mkdir(dir, 0755) < 0 && errno != EEXIST)
+		r = -errno;
+	free(tmp);
+	return r;
+}
+
+int main(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{ "socket", required_argument, NULL, 's' },
+		{ "foreground", no_argument, NULL, 'f' },
+		{ "systemd", no_argument, NULL, 'S' },
+		{ "log", required_argument, NULL, 'l' },
+		{ "verbose", no_argument, NULL, 'v' },
+		{ "version", no_argument, NULL, 'V' },
+		{ "help", no_argument, NULL, 'h' },
+		{ NULL, 0, NULL, 0 },
+	};
+	struct daemon *d = &daemon_;
+	const char *path = NULL;
+	int use_systemd = 0, c, r;
+
+	log_init("gpucrd");
+	while ((c = getopt_long(argc, argv, "s:fSl:vVh", opts, NULL)) != -1) {
+		switch (c) {
+		case 's':
+			path = optarg;
+			break;
+		case 'f':
+			break;
+		case 'S':
+			use_systemd = 1;
+			break;
+		case 'l': {
+			int fd = open(optarg, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0640);
+
+			if (fd < 0) {
+				fprintf(stderr, "gpucrd: %s: %s\n", optarg, strerror(errno));
+				return 1;
+			}
+			log_set_fd(fd);
+			break;
+		}
+		case 'v':
+			log_set_level(LOG_DEBUG);
+			break;
+		case 'V':
+			printf("gpucrd %s\n", GPUCR_VERSION);
+			return 0;
+		case 'h':
+			usage(stdout);
+			return 0;
+		default:
+			usage(stderr);
+			return 2;
+		}
+	}
+	if (optind != argc) {
+		usage(stderr);
+		return 2;
+	}
+	if (!path)
+		path = sock_default_path();
+	if (strlen(path) >= sizeof(d->socket_path)) {
+		pr_err("socket path too long (%zu bytes; at most %zu): %s", strlen(path),
+		       sizeof(d->socket_path) - 1, path);
+		return 2;
+	}
+	snprintf(d->socket_path, sizeof(d->socket_path), "%s", path);
+	d->listen_fd = -1;
+	if (use_systemd)
+		d->listen_fd = listen_fds_from_systemd();
+	if (d->listen_fd < 0) {
+		mkdir_parent(d->socket_path);
+		d->listen_fd = sock_listen_unix(d->socket_path, 64);
+		if (d->listen_fd == -EADDRINUSE) {
+			pr_err("another gpucrd is already answering on %s", d->socket_path);
+			return 1;
+		}
+		if (d->listen_fd < 0) {
+			pr_err("cannot listen on %s: %s", d->socket_path, strerror(-d->listen_fd));
+			return 1;
+		}
+		/* Any user may attach; the daemon checks each request's uid. */
+		chmod(d->socket_path, 0666);
+		d->owns_socket_path = 1;
+	}
+	d->loop = uv_default_loop();
+	r = server_start(d);
+	if (r < 0) {
+		pr_err("cannot start serving: %s", uv_strerror(r));
+		return 1;
+	}
+	uv_signal_init(d->loop, &d->sigterm);
+	uv_signal_init(d->loop, &d->sigint);
+	d->sigterm.data = d->sigint.data = d;
+	uv_signal_start(&d->sigterm, on_signal, SIGTERM);
+	uv_signal_start(&d->sigint, on_signal, SIGINT);
+	signal(SIGPIPE, SIG_IGN);
+
+	pr_info("gpucrd %s listening on %s (pid %d)", GPUCR_VERSION, d->socket_path, (int)getpid());
+	notify_ready("listening");
+	uv_run(d->loop, UV_RUN_DEFAULT);
+
+	registry_free_all(d);
+	close(d->listen_fd);
+	if (d->owns_socket_path)
+		unlink(d->socket_path);
+	uv_loop_close(d->loop);
+	return 0;
+}

@@ -1,0 +1,380 @@
+/* Owns gpucrd's connections: accepting on the unix socket, reading frames
+ * without blocking the loop, identifying peers by SO_PEERCRED, dispatching
+ * requests, and closing a connection that sends something malformed (after
+ * an error reply) without disturbing any other client. */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "gpucrd.h"
+#include "log.h"
+
+struct conn {
+	struct daemon *d;
+	int fd;
+	uv_poll_t poll;
+	struct frame_rx rx;
+	struct peer_cred cred;
+	Gpucr__Role role;
+	int hello_done;
+	struct proc *proc;          /* ROLE_SHIM: the process it controls */
+	uint64_t next_id;
+	struct conn *next;
+};
+
+static void conn_close(struct conn *c);
+
+int conn_send(struct conn *c, Gpucr__Msg *m, const int *fds, unsigned nfds)
+{
+	int r;
+
+	/* Replies are small; a blocking send with the socket briefly blocking
+	 * keeps framing simple. A client that stops reading is cut off by the
+	 * send timeout set at accept. */
+	sock_set_nonblock(c->fd, 0);
+	r = msg_send(c->fd, m, fds, nfds);
+	sock_set_nonblock(c->fd, 1);
+	return r;
+}
+
+static int reply_err(struct conn *c, const Gpucr__Msg *req, int err, const char *fmt, ...)
+	__attribute__((format(printf, 4, 5)));
+
+static int reply_err(struct conn *c, const Gpucr__Msg *req, int err, const char *fmt, ...)
+{
+	Gpucr__Msg m = GPUCR__MSG__INIT;
+	char text[512];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(text, sizeof(text), fmt, ap);
+	va_end(ap);
+	if (req && req->has_id) {
+		m.has_reply_to = 1;
+		m.reply_to = req->id;
+	}
+	m.has_err = 1;
+	m.err = err;
+	m.err_msg = text;
+	return conn_send(c, &m, NULL, 0);
+}
+
+static void reply_init(Gpucr__Msg *m, const Gpucr__Msg *req)
+{
+	gpucr__msg__init(m);
+	if (req->has_id) {
+		m->has_reply_to = 1;
+		m->reply_to = req->id;
+	}
+	m->has_err = 1;
+	m->err = 0;
+}
+
+static int on_hello(struct conn *c, Gpucr__Msg *req)
+{
+	Gpucr__HelloReply hr = GPUCR__HELLO_REPLY__INIT;
+	const Gpucr__Hello *h = req->hello;
+	Gpucr__Msg m;
+
+	if (c->hello_done)
+		return reply_err(c, req, -EPROTO, "hello sent twice");
+	if (h->proto_version != GPUCR_PROTO_VERSION)
+		return reply_err(c, req, -EPROTONOSUPPORT,
+				 "protocol version %" PRIu32 " is not supported; this gpucrd speaks %d",
+				 h->proto_version, GPUCR_PROTO_VERSION);
+	c->role = h->role;
+	c->hello_done = 1;
+	if (c->role == GPUCR__ROLE__ROLE_SHIM) {
+		c->proc = registry_attach(c->d, c->cred.pid, c->cred.uid, h->comm);
+		if (!c->proc)
+			return reply_err(c, req, -ENOMEM, "out of memory");
+		c->proc->shim = c;
+		pr_info("pid %d (%s, uid %d): attached", (int)c->cred.pid, c->proc->comm,
+			(int)c->cred.uid);
+	}
+	reply_init(&m, req);
+	hr.proto_version = GPUCR_PROTO_VERSION;
+	hr.daemon_version = (char *)GPUCR_VERSION;
+	m.body_case = GPUCR__MSG__BODY_HELLO_REPLY;
+	m.hello_reply = &hr;
+	return conn_send(c, &m, NULL, 0);
+}
+
+static int on_buffer_add(struct conn *c, Gpucr__Msg *req, int *fds, unsigned nfds)
+{
+	Gpucr__Msg m;
+	int r;
+
+	if (c->role != GPUCR__ROLE__ROLE_SHIM || !c->proc)
+		return reply_err(c, req, -EPERM, "buffer_add is for attached processes only");
+	if (nfds != 1)
+		return reply_err(c, req, -EINVAL, "buffer_add needs exactly one fd, got %u", nfds);
+	r = registry_buffer_add(c->proc, req->buffer_add, fds[0]);
+	if (r < 0)
+		return reply_err(c, req, r, "buffer 0x%" PRIx64 ": %s", req->buffer_add->va, strerror(-r));
+	fds[0] = -1; /* now the registry's */
+	/* Buffer messages are one-way for speed unless the shim asked (id > 0). */
+	if (!req->has_id || req->id == 0)
+		return 0;
+	reply_init(&m, req);
+	return conn_send(c, &m, NULL, 0);
+}
+
+static int on_buffer_free(struct conn *c, Gpucr__Msg *req)
+{
+	Gpucr__Msg m;
+	int r;
+
+	if (c->role != GPUCR__ROLE__ROLE_SHIM || !c->proc)
+		return reply_err(c, req, -EPERM, "buffer_free is for attached processes only");
+	r = registry_buffer_free(c->proc, req->buffer_free->va);
+	if (!req->has_id || req->id == 0)
+		return 0;
+	if (r < 0)
+		return reply_err(c, req, r, "no buffer at 0x%" PRIx64, req->buffer_free->va);
+	reply_init(&m, req);
+	return conn_send(c, &m, NULL, 0);
+}
+
+static int on_ps(struct conn *c, Gpucr__Msg *req)
+{
+	Gpucr__PsReply pr = GPUCR__PS_REPLY__INIT;
+	uint32_t want = req->ps->has_pid ? req->ps->pid : 0;
+	Gpucr__ProcInfo *infos = NULL, **ptrs = NULL;
+	struct proc *p;
+	size_t n = 0, i = 0;
+	Gpucr__Msg m;
+	int r;
+
+	for (p = c->d->procs; p; p = p->next)
+		n++;
+	if (n) {
+		infos = calloc(n, sizeof(*infos));
+		ptrs = calloc(n, sizeof(*ptrs));
+		if (!infos || !ptrs) {
+			free(infos);
+			free(ptrs);
+			return reply_err(c, req, -ENOMEM, "out of memory");
+		}
+	}
+	for (p = c->d->procs; p; p = p->next) {
+		Gpucr__ProcInfo *pi = &infos[i];
+
+		if (!registry_may_act(c->cred.uid, p) || (want && (uint32_t)p->pid != want))
+			continue;
+		gpucr__proc_info__init(pi);
+		pi->pid = (uint32_t)p->pid;
+		pi->has_uid = 1;
+		pi->uid = p->uid;
+		pi->comm = p->comm;
+		pi->has_state = 1;
+		pi->state = p->state;
+		pi->has_buffers = 1;
+		pi->buffers = p->nbufs;
+		pi->has_bytes = 1;
+		pi->bytes = p->bytes;
+		pi->has_retained = 1;
+		pi->retained = p->shim == NULL && p->nbufs > 0;
+		if (p->image_dir[0])
+			pi->image_dir = p->image_dir;
+		ptrs[i++] = pi;
+	}
+	pr.n_procs = i;
+	pr.procs = ptrs;
+	reply_init(&m, req);
+	m.body_case = GPUCR__MSG__BODY_PS_REPLY;
+	m.ps_reply = &pr;
+	r = conn_send(c, &m, NULL, 0);
+	free(infos);
+	free(ptrs);
+	return r;
+}
+
+static int on_drop(struct conn *c, Gpucr__Msg *req)
+{
+	struct proc *p = registry_find(c->d, (pid_t)req->drop->pid);
+	Gpucr__Msg m;
+
+	if (!p || !registry_may_act(c->cred.uid, p))
+		return reply_err(c, req, -ESRCH, "pid %" PRIu32 ": not known to gpucrd%s", req->drop->pid,
+				 p ? " (or not yours)" : "");
+	if (p->shim)
+		return reply_err(c, req, -EBUSY,
+				 "pid %" PRIu32 " is running and attached; only a dumped process's memory can be dropped",
+				 req->drop->pid);
+	pr_info("pid %d (%s): dropping %llu bytes of retained GPU memory", (int)p->pid, p->comm,
+		(unsigned long long)p->bytes);
+	registry_drop(c->d, p);
+	reply_init(&m, req);
+	return conn_send(c, &m, NULL, 0);
+}
+
+/* Handles one message; a negative return closes the connection. */
+static int dispatch(struct conn *c, Gpucr__Msg *req, int *fds, unsigned nfds)
+{
+	if (!c->hello_done && req->body_case != GPUCR__MSG__BODY_HELLO) {
+		reply_err(c, req, -EPROTO, "the first message must be hello, not %s", msg_body_name(req));
+		return -EPROTO;
+	}
+	switch (req->body_case) {
+	case GPUCR__MSG__BODY_HELLO:
+		return on_hello(c, req);
+	case GPUCR__MSG__BODY_BUFFER_ADD:
+		return on_buffer_add(c, req, fds, nfds);
+	case GPUCR__MSG__BODY_BUFFER_FREE:
+		return on_buffer_free(c, req);
+	case GPUCR__MSG__BODY_PS:
+		return on_ps(c, req);
+	case GPUCR__MSG__BODY_DROP:
+		return on_drop(c, req);
+	default:
+		return reply_err(c, req, -EOPNOTSUPP, "gpucrd %s does not handle '%s' requests",
+				 GPUCR_VERSION, msg_body_name(req));
+	}
+}
+
+static void on_readable(uv_poll_t *h, int status, int events)
+{
+	struct conn *c = h->data;
+	int fds[FRAME_MAX_FDS];
+	unsigned nfds, i;
+	Gpucr__Msg *req;
+	size_t len;
+	void *buf;
+	int r;
+
+	(void)events;
+	if (status < 0) {
+		conn_close(c);
+		return;
+	}
+	for (;;) {
+		r = frame_rx_read(&c->rx, c->fd);
+		if (r == -EAGAIN)
+			return;
+		if (r < 0) {
+			if (r != -EPIPE)
+				pr_warn("client pid %d: %s; closing its connection", (int)c->cred.pid,
+					r == -EPROTO ? "malformed frame" : strerror(-r));
+			conn_close(c);
+			return;
+		}
+		r = frame_rx_take(&c->rx, &buf, &len, fds, FRAME_MAX_FDS, &nfds);
+		if (r < 0) {
+			conn_close(c);
+			return;
+		}
+		r = msg_decode(buf, len, nfds, &req);
+		free(buf);
+		if (r < 0) {
+			pr_warn("client pid %d: malformed message (%zu bytes, %u fds); closing its connection",
+				(int)c->cred.pid, len, nfds);
+			reply_err(c, NULL, -EBADMSG, "malformed message");
+			for (i = 0; i < nfds; i++)
+				close(fds[i]);
+			conn_close(c);
+			return;
+		}
+		r = dispatch(c, req, fds, nfds);
+		msg_free(req);
+		for (i = 0; i < nfds; i++)
+			if (fds[i] >= 0)
+				close(fds[i]);
+		if (r < 0) {
+			conn_close(c);
+			return;
+		}
+	}
+}
+
+static void on_closed(uv_handle_t *h)
+{
+	struct conn *c = h->data;
+
+	close(c->fd);
+	frame_rx_free(&c->rx);
+	free(c);
+}
+
+static void conn_close(struct conn *c)
+{
+	struct conn **pp;
+
+	for (pp = &c->d->conns; *pp; pp = &(*pp)->next)
+		if (*pp == c) {
+			*pp = c->next;
+			c->d->nconns--;
+			break;
+		}
+	if (c->proc) {
+		registry_detach(c->d, c->proc);
+		c->proc = NULL;
+	}
+	uv_poll_stop(&c->poll);
+	uv_close((uv_handle_t *)&c->poll, on_closed);
+}
+
+static void on_accept(uv_poll_t *h, int status, int events)
+{
+	struct daemon *d = h->data;
+	struct timeval tv = { .tv_sec = 5 };
+	struct conn *c;
+	int fd;
+
+	(void)events;
+	if (status < 0)
+		return;
+	fd = accept4(d->listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+	if (fd < 0) {
+		if (errno != EAGAIN && errno != EINTR)
+			pr_perror("accept");
+		return;
+	}
+	c = calloc(1, sizeof(*c));
+	if (!c) {
+		close(fd);
+		return;
+	}
+	c->d = d;
+	c->fd = fd;
+	frame_rx_init(&c->rx);
+	if (sock_peer_cred(fd, &c->cred) < 0) {
+		pr_perror("SO_PEERCRED");
+		close(fd);
+		free(c);
+		return;
+	}
+	setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+	uv_poll_init(d->loop, &c->poll, fd);
+	c->poll.data = c;
+	uv_poll_start(&c->poll, UV_READABLE | UV_DISCONNECT, on_readable);
+	c->next = d->conns;
+	d->conns = c;
+	d->nconns++;
+	pr_debug("connection from pid %d uid %d", (int)c->cred.pid, (int)c->cred.uid);
+}
+
+int server_start(struct daemon *d)
+{
+	int r;
+
+	r = sock_set_nonblock(d->listen_fd, 1);
+	if (r < 0)
+		return r;
+	r = uv_poll_init(d->loop, &d->listen_poll, d->listen_fd);
+	if (r < 0)
+		return r;
+	d->listen_poll.data = d;
+	return uv_poll_start(&d->listen_poll, UV_READABLE, on_accept);
+}
+
+void server_stop(struct daemon *d)
+{
+	while (d->conns)
+		conn_close(d->conns);
+	uv_poll_stop(&d->listen_poll);
+	uv_close((uv_handle_t *)&d->listen_poll, NULL);
+}

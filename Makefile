@@ -103,6 +103,7 @@ include $(wildcard cli/build.mk)
 include $(wildcard criu-plugin/build.mk)
 include $(wildcard bench/build.mk)
 include tests/build.mk
+include tests/gpu/build.mk
 
 .PHONY: build-all
 build-all: $(COMMON_LIB) $(ALL) $(TESTS)
@@ -134,7 +135,7 @@ install: build-all
 # ---- bundle ---------------------------------------------------------------
 .PHONY: bundle
 bundle: deps
-	@$(MAKE) --no-print-directory build-all
+	@$(MAKE) --no-print-directory build-all gpu-progs
 	BUILD=$(BUILD) VERSION=$(VERSION) DEPS_PREFIX=$(DEPS_PREFIX) bash scripts/bundle.sh
 
 # ---- GPU host targets -----------------------------------------------------

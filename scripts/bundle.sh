@@ -45,7 +45,9 @@ ldd "$criu" | awk '/=> \// { print $3 }' | while read -r lib; do
 	esac
 	cp -L "$lib" "$out/lib/criu-deps/"
 done
-patchelf --set-rpath '$ORIGIN/../../lib/criu-deps' "$out/libexec/criu/criu"
+# DT_RPATH, not DT_RUNPATH: it must also serve the libraries' own needs
+# (libidn2 -> libunistring), which RUNPATH does not.
+patchelf --force-rpath --set-rpath '$ORIGIN/../../lib/criu-deps' "$out/libexec/criu/criu"
 stock=$DEPS_PREFIX/lib/gpucr-deps/criu-stock-plugins/cuda_plugin.so
 [ -f "$stock" ] && install -m 0644 "$stock" "$out/lib/criu-stock/"
 
@@ -71,6 +73,10 @@ ENV
 if [ -d "$BUILD/tests" ]; then
 	mkdir -p "$out/tests"
 	find "$BUILD/tests" -maxdepth 1 -type f -perm -u+x -exec cp {} "$out/tests/" \;
+	if [ -d "$BUILD/tests/gpu" ]; then
+		mkdir -p "$out/tests/gpu"
+		find "$BUILD/tests/gpu" -maxdepth 1 -type f -perm -u+x -exec cp {} "$out/tests/gpu/" \;
+	fi
 fi
 [ -f "$BUILD/fakecuda/libcuda.so.1" ] && mkdir -p "$out/lib/fakecuda" &&
 	cp "$BUILD/fakecuda/libcuda.so.1" "$out/lib/fakecuda/"
@@ -80,7 +86,7 @@ for d in tests/gpu tests/e2e bench scripts; do
 	find "$d" -maxdepth 1 -type f \( -name '*.sh' -o -name '*.py' -o -name '*.cu' -o -name '*.c' \) \
 		-exec cp {} "$out/share/gpucr/$d/" \;
 done
-[ -x "$BUILD/tests/run-tests.sh" ] || cp tests/run-tests.sh "$out/share/gpucr/tests/"
+cp tests/run-tests.sh "$out/share/gpucr/tests/"
 echo "$VERSION" >"$out/VERSION"
 
 tar -C "$BUILD/bundle" -czf "$out.tar.gz" "$name"

@@ -9,3 +9,23 @@ $(BUILD)/tests/unit-%: $(BUILD)/tests/unit/test-%.o $(COMMON_LIB)
 	$(CC) $(CFLAGS) -o $@ $< $(COMMON_LIB) $(LDFLAGS) -lpthread
 
 TESTS += $(UNIT_COMMON_BIN)
+
+# End-to-end tests: scripts, and the small programs they drive.
+E2E_BIN := $(BUILD)/tests/e2e-subreaper $(BUILD)/tests/e2e-counter $(BUILD)/tests/e2e-mkimage
+
+$(BUILD)/tests/e2e-%: $(BUILD)/tests/e2e/%.o
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -o $@ $< $(LDFLAGS)
+
+ALL += $(E2E_BIN)
+TEST_SCRIPTS += $(sort $(wildcard tests/e2e/*.sh))
+
+$(BUILD)/tests/e2e-mkimage: $(BUILD)/tests/e2e/mkimage.o $(COMMON_LIB)
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -o $@ $< $(COMMON_LIB) $(LDFLAGS) -lpthread
+
+$(BUILD)/tests/daemon-proto: $(BUILD)/tests/e2e/daemon-proto.o $(COMMON_LIB)
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -o $@ $< $(COMMON_LIB) $(LDFLAGS) -lpthread
+
+TESTS += $(BUILD)/tests/daemon-proto

@@ -1,0 +1,13 @@
+# Programs of the real-GPU suite, built with nvcc for Hopper (sm_90) with
+# PTX for newer GPUs. Built for `make bundle`, not for the CPU test suite.
+NVCC ?= $(CUDA_HOME)/bin/nvcc
+NVCC_FLAGS ?= -O2 -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90
+
+GPU_PROGS := $(BUILD)/tests/gpu/cuda-prog
+
+$(BUILD)/tests/gpu/%: tests/gpu/%.cu
+	@mkdir -p $(@D)
+	$(NVCC) $(NVCC_FLAGS) -o $@ $<
+
+.PHONY: gpu-progs
+gpu-progs: $(GPU_PROGS)

@@ -1,0 +1,70 @@
+# Shared helpers of the GPU suite and the benchmarks (sourced).
+# Needs: B (the bundle root), WORK (a scratch dir on tmpfs).
+
+now() { date +%s.%N; }
+elapsed() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3f", b - a }'; }
+
+# Waits until FILE has a line "step N ..." with N >= $2 (or "done"), max $3 s.
+wait_step() {
+	local file=$1 want=$2 limit=${3:-120} i last
+	for ((i = 0; i < limit * 20; i++)); do
+		if [ -f "$file" ]; then
+			last=$(awk '$1 == "step" { n = $2 } END { print n + 0 }' "$file")
+			[ "$last" -ge "$want" ] && return 0
+			grep -q '^done' "$file" && return 0
+		fi
+		sleep 0.05
+	done
+	return 1
+}
+
+wait_gone() { # pid, max seconds
+	local i
+	for ((i = 0; i < ${2:-300} * 20; i++)); do
+		kill -0 "$1" 2>/dev/null || return 0
+		sleep 0.05
+	done
+	return 1
+}
+
+# A C/R cycle of cuda-prog through CRIU with the plugin dir $1 ("stock" or
+# "gpucr"): run, dump at step $3, kill, restore, let it finish; compares the
+# output with the reference $4. Prints "dump_s restore_s image_bytes" on
+# success, a reason on failure (status 1). $2 = GiB, $5 = steps.
+cr_cycle_cuda_prog() {
+	local mode=$1 gib=$2 at=$3 ref=$4 steps=$5 dir=$WORK/cr-$1-$2
+	local libdir
+	case $mode in
+	stock) libdir=$B/lib/criu-stock ;;
+	gpucr) libdir=$B/lib/criu ;;
+	esac
+	rm -rf "$dir"
+	mkdir -p "$dir/img"
+	cat >"$dir/flow.sh" <<FLOW
+set -u
+export CRIU_LIBS_DIR=$libdir PATH=$B/bin:\$PATH
+setsid $B/tests/gpu/cuda-prog --gib $gib --steps $steps --step-ms 50 --out $dir/out.log </dev/null >$dir/prog.log 2>&1 &
+pid=\$!
+. $B/share/gpucr/tests/gpu/lib.sh
+wait_step $dir/out.log $at 300 || { echo "never reached step $at"; exit 1; }
+t0=\$(now)
+criu dump -t \$pid -D $dir/img -o dump.log -v4 || { echo "dump failed:"; grep -E 'Error|error' $dir/img/dump.log | tail -5; exit 1; }
+t1=\$(now)
+wait \$pid 2>/dev/null
+t2=\$(now)
+criu restore -D $dir/img -o restore.log -v4 -d || { echo "restore failed:"; grep -E 'Error|error' $dir/img/restore.log | tail -5; exit 1; }
+t3=\$(now)
+wait_gone \$pid 600 || { echo "restored process did not finish"; exit 1; }
+echo "\$(elapsed \$t0 \$t1) \$(elapsed \$t2 \$t3) \$(du -sb $dir/img | cut -f1)" >$dir/figures
+FLOW
+	if ! "$B/tests/e2e-subreaper" bash "$dir/flow.sh" >"$dir/flow.log" 2>&1; then
+		tail -5 "$dir/flow.log"
+		return 1
+	fi
+	if ! cmp -s "$dir/out.log" "$ref"; then
+		echo "output differs from the uninterrupted run: $(diff "$ref" "$dir/out.log" | head -3 | tr '\n' ' ')"
+		return 1
+	fi
+	cat "$dir/figures"
+	rm -rf "$dir/img"
+}

@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# gpucr's real-GPU suite: runs from a bundle on a GPU host (`make gpu-test`
+# in a source tree uses build/bundle/gpucr-VERSION). One line per check:
+# NAME SIZE PASS|FAIL|SKIP figures-or-reason; then "N passed, N failed".
+# Results also go to $GPU_TEST_OUT (default: stdout only).
+set -u
+here=$(cd "$(dirname "$0")" && pwd)
+if [ -z "${B:-}" ]; then
+	if [ -x "$here/../../../../bin/criu" ]; then
+		B=$(cd "$here/../../../.." && pwd)        # inside a bundle
+	else
+		B=$(ls -d "$here"/../../build/bundle/gpucr-*/ 2>/dev/null | head -1)
+		B=${B%/}
+	fi
+fi
+[ -n "$B" ] && [ -x "$B/bin/criu" ] || { echo "no bundle found: run 'make bundle' first"; exit 1; }
+WORK=${WORK:-/dev/shm/gpucr-gpu-test}
+rm -rf "$WORK"
+mkdir -p "$WORK"
+export B WORK PATH="$B/bin:$PATH"
+. "$B/share/gpucr/tests/gpu/lib.sh"
+pass=0 fail=0 skip=0
+
+result() { # name size status detail
+	printf '%-28s %-7s %-4s %s\n' "$1" "$2" "$3" "$4"
+	case $3 in PASS) pass=$((pass + 1)) ;; FAIL) fail=$((fail + 1)) ;; *) skip=$((skip + 1)) ;; esac
+}
+
+if ! nvidia-smi -L >/dev/null 2>&1; then
+	echo "no NVIDIA GPU here (nvidia-smi -L failed)"
+	exit 77
+fi
+echo "# $(date -u +%F) $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | head -1), kernel $(uname -r)"
+
+# -- the bundle runs here
+v=$(criu --version 2>&1 | head -1)
+[[ $v == Version:* ]] && result bundle-criu-version - PASS "$v" || result bundle-criu-version - FAIL "$v"
+if out=$(criu check 2>&1); then result bundle-criu-check - PASS "$(echo "$out" | tail -1)"
+else result bundle-criu-check - FAIL "$(echo "$out" | grep -i error | head -2 | tr '\n' ' ')"; fi
+for p in gpucr gpucrd; do
+	if v=$("$B/bin/$p" --version 2>&1); then result "bundle-$p" - PASS "$v"; else result "bundle-$p" - FAIL "$v"; fi
+done
+
+# -- references: uninterrupted runs
+STEPS=${STEPS:-40}
+for g in ${SIZES:-1 4}; do
+	if ! "$B/tests/gpu/cuda-prog" --gib "$g" --steps "$STEPS" --step-ms 50 --out "$WORK/ref-$g.log" 2>"$WORK/ref-$g.err"; then
+		result "cuda-prog-reference" "${g}GiB" FAIL "$(cat "$WORK/ref-$g.err")"
+	fi
+done
+
+# -- the driver checkpoint tool (bench/cuda-checkpoint.c) on a live process
+g=1
+setsid "$B/tests/gpu/cuda-prog" --gib $g --steps "$STEPS" --step-ms 50 --out "$WORK/cc.log" </dev/null >/dev/null 2>&1 &
+pid=$!
+if wait_step "$WORK/cc.log" 5 120; then
+	st0=$(cuda-checkpoint --get-state --pid $pid 2>&1)
+	t0=$(now)
+	cuda-checkpoint --action lock --pid $pid --timeout 10000 &&
+		cuda-checkpoint --action checkpoint --pid $pid
+	rc1=$?
+	t1=$(now)
+	st1=$(cuda-checkpoint --get-state --pid $pid 2>&1)
+	cuda-checkpoint --action restore --pid $pid && cuda-checkpoint --action unlock --pid $pid
+	rc2=$?
+	t2=$(now)
+	wait $pid
+	if [ $rc1 = 0 ] && [ $rc2 = 0 ] && [ "$st0" = running ] && [ "$st1" = checkpointed ] &&
+		cmp -s "$WORK/cc.log" "$WORK/ref-$g.log"; then
+		result cuda-checkpoint-toggle "${g}GiB" PASS "checkpoint $(elapsed $t0 $t1)s restore $(elapsed $t1 $t2)s, output identical"
+	else
+		result cuda-checkpoint-toggle "${g}GiB" FAIL "states '$st0'/'$st1' rc $rc1/$rc2; output $(cmp -s "$WORK/cc.log" "$WORK/ref-$g.log" && echo same || echo differs)"
+	fi
+else
+	result cuda-checkpoint-toggle "${g}GiB" FAIL "program did not start"
+	kill $pid 2>/dev/null
+fi
+
+# -- the stock path (CRIU + its cuda plugin): dump, kill, restore
+for g in ${SIZES:-1 4}; do
+	if r=$(cr_cycle_cuda_prog stock "$g" 10 "$WORK/ref-$g.log" "$STEPS"); then
+		set -- $r
+		result stock-criu-cuda-prog "${g}GiB" PASS "dump ${1}s restore ${2}s image $(($3 / 1048576)) MiB, output identical"
+	else
+		result stock-criu-cuda-prog "${g}GiB" FAIL "$r"
+	fi
+done
+
+# -- gpucr's own C/R: needs the shim, the daemon's dump path and the plugin
+if [ -f "$B/lib/criu/gpucr_plugin.so" ]; then
+	for g in ${SIZES:-1 4}; do
+		if r=$(cr_cycle_cuda_prog gpucr "$g" 10 "$WORK/ref-$g.log" "$STEPS"); then
+			set -- $r
+			result gpucr-criu-cuda-prog "${g}GiB" PASS "dump ${1}s restore ${2}s image $(($3 / 1048576)) MiB"
+		else
+			result gpucr-criu-cuda-prog "${g}GiB" FAIL "$r"
+		fi
+	done
+else
+	result gpucr-criu-cuda-prog - SKIP "gpucr's CRIU plugin is not in this build yet"
+fi
+
+rm -rf "$WORK"
+echo "$pass passed, $fail failed, $skip skipped"
+[ $fail = 0 ]

@@ -1,0 +1,394 @@
+/* VMM regions: creating and destroying them, per-device capabilities, and
+ * the export / release / remap of their physical chunks. Called with alloc's
+ * lock held (see vmm.h). */
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "alloc.h"
+#include "real.h"
+#include "vmm.h"
+
+struct vmm_dev {
+	bool probed;
+	bool disabled;
+	bool rdma; /* VMM memory can be GPUDirect RDMA capable, as cudaMalloc's is */
+	size_t gran;
+};
+
+static struct vmm_dev devs[VMM_MAX_DEVICES];
+static struct region *regions; /* every region, newest first */
+
+static bool vmm_env_disabled(void)
+{
+	const char *s = getenv("GPUCR_VMM");
+
+	return s && (!strcmp(s, "0") || !strcmp(s, "off") || !strcmp(s, "no"));
+}
+
+static void vmm_prop(int device, CUmemAllocationProp *prop)
+{
+	memset(prop, 0, sizeof(*prop));
+	prop->type = CU_MEM_ALLOCATION_TYPE_PINNED;
+	prop->location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+	prop->location.id = device;
+	prop->requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+	prop->allocFlags.gpuDirectRDMACapable = devs[device].rdma ? 1 : 0;
+}
+
+/* 1 or 0 as the device answers; -1 when it does not. */
+static int dev_attr(int device, CUdevice_attribute attr)
+{
+	int v = 0;
+
+	if (!real.cuDeviceGetAttribute || real.cuDeviceGetAttribute(&v, attr, device) != CUDA_SUCCESS)
+		return -1;
+	return v != 0;
+}
+
+static void vmm_probe(int device)
+{
+	struct vmm_dev *d = &devs[device];
+	CUmemAllocationProp prop;
+	const char *why = NULL;
+	size_t g = 0;
+
+	d->probed = true;
+	if (vmm_env_disabled()) {
+		d->disabled = true;
+		pr_debug("device %d: GPUCR_VMM=0, device memory left to the driver\n", device);
+		return;
+	}
+	if (!real.cuMemAddressReserve || !real.cuMemAddressFree || !real.cuMemCreate ||
+	    !real.cuMemRelease || !real.cuMemMap || !real.cuMemUnmap || !real.cuMemSetAccess ||
+	    !real.cuMemExportToShareableHandle || !real.cuMemImportFromShareableHandle ||
+	    !real.cuMemGetAllocationGranularity)
+		why = "the driver lacks the virtual memory management API";
+	else if (dev_attr(device, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED) == 0)
+		why = "it does not support virtual memory management";
+	else if (dev_attr(device, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED) == 0)
+		why = "it cannot export memory as POSIX file descriptors";
+	if (why) {
+		d->disabled = true;
+		pr_info("device %d: %s; its memory stays with the driver's own checkpoint\n", device, why);
+		return;
+	}
+	d->rdma = dev_attr(device, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED) == 1;
+	vmm_prop(device, &prop);
+	if (real.cuMemGetAllocationGranularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED) !=
+		    CUDA_SUCCESS ||
+	    !g)
+		if (real.cuMemGetAllocationGranularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) !=
+			    CUDA_SUCCESS ||
+		    !g)
+			g = 2UL << 20;
+	d->gran = g;
+	pr_debug("device %d: VMM granularity %zu, rdma %d\n", device, g, d->rdma);
+}
+
+size_t vmm_granularity(int device)
+{
+	if (device < 0 || device >= VMM_MAX_DEVICES || !real.handle)
+		return 0;
+	if (!devs[device].probed)
+		vmm_probe(device);
+	return devs[device].disabled ? 0 : devs[device].gran;
+}
+
+void vmm_disable(int device, int err)
+{
+	if (device < 0 || device >= VMM_MAX_DEVICES || devs[device].disabled)
+		return;
+	devs[device].disabled = true;
+	pr_warn("device %d: cannot allocate exportable VMM memory (%s); new device memory on it "
+		"stays with the driver's own checkpoint\n",
+		device, gpucr_strerror(err));
+}
+
+static void access_desc(int device, CUmemAccessDesc *desc)
+{
+	memset(desc, 0, sizeof(*desc));
+	desc->location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+	desc->location.id = device;
+	desc->flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+}
+
+/* Maps handle at va and grants the device access; undoes the map on failure. */
+static CUresult map_chunk(CUdeviceptr va, size_t size, int device, CUmemGenericAllocationHandle h)
+{
+	CUmemAccessDesc desc;
+	CUresult r;
+
+	r = real.cuMemMap(va, size, 0, h, 0);
+	if (r != CUDA_SUCCESS)
+		return r;
+	access_desc(device, &desc);
+	r = real.cuMemSetAccess(va, size, &desc, 1);
+	if (r != CUDA_SUCCESS)
+		real.cuMemUnmap(va, size);
+	return r;
+}
+
+int vmm_region_create(int device, size_t size, struct region **ret_region)
+{
+	size_t gran = vmm_granularity(device);
+	CUmemGenericAllocationHandle h = 0;
+	CUmemAllocationProp prop;
+	struct region *r;
+	CUdeviceptr va = 0;
+	CUresult cr;
+	int err;
+
+	if (!gran)
+		return -EOPNOTSUPP;
+	if (size > SIZE_MAX - gran)
+		return gpucr_err_from_cu(CUDA_ERROR_OUT_OF_MEMORY);
+	size = SHIM_ALIGN_UP(size, gran);
+	r = calloc(1, sizeof(*r));
+	if (!r)
+		return -ENOMEM;
+	r->chunks = calloc(1, sizeof(*r->chunks));
+	if (!r->chunks) {
+		err = -ENOMEM;
+		goto err_free;
+	}
+	cr = real.cuMemAddressReserve(&va, size, gran, 0, 0);
+	if (cr != CUDA_SUCCESS) {
+		err = gpucr_err_from_cu(cr);
+		goto err_free;
+	}
+	vmm_prop(device, &prop);
+	cr = real.cuMemCreate(&h, size, &prop, 0);
+	if (cr != CUDA_SUCCESS) {
+		err = gpucr_err_from_cu(cr);
+		goto err_unreserve;
+	}
+	cr = map_chunk(va, size, device, h);
+	if (cr != CUDA_SUCCESS) {
+		err = gpucr_err_from_cu(cr);
+		goto err_release;
+	}
+	r->va = va;
+	r->size = size;
+	r->device = device;
+	r->nchunks = 1;
+	r->chunks[0] = (struct chunk){ .handle = h, .off = 0, .size = size, .mapped = true };
+	r->next = regions;
+	if (regions)
+		regions->prev = r;
+	regions = r;
+	*ret_region = r;
+	return 0;
+
+err_release:
+	real.cuMemRelease(h);
+err_unreserve:
+	real.cuMemAddressFree(va, size);
+err_free:
+	pr_debug("device %d: VMM region of %zu bytes: %s\n", device, size, gpucr_strerror(err));
+	free(r->chunks);
+	free(r);
+	return err;
+}
+
+void vmm_region_destroy(struct region *r)
+{
+	CUresult cr;
+	unsigned int i;
+
+	if (!r)
+		return;
+	for (i = 0; i < r->nchunks; i++) {
+		struct chunk *c = &r->chunks[i];
+
+		if (c->mapped && (cr = real.cuMemUnmap(r->va + c->off, c->size)) != CUDA_SUCCESS)
+			pr_debug("cuMemUnmap(%#llx, %zu): %s\n", (unsigned long long)(r->va + c->off),
+				 c->size, gpucr_strerror(gpucr_err_from_cu(cr)));
+		if (c->handle && (cr = real.cuMemRelease(c->handle)) != CUDA_SUCCESS)
+			pr_debug("cuMemRelease(chunk at %#llx): %s\n",
+				 (unsigned long long)(r->va + c->off), gpucr_strerror(gpucr_err_from_cu(cr)));
+	}
+	cr = real.cuMemAddressFree(r->va, r->size);
+	if (cr != CUDA_SUCCESS)
+		pr_debug("cuMemAddressFree(%#llx, %zu): %s\n", (unsigned long long)r->va, r->size,
+			 gpucr_strerror(gpucr_err_from_cu(cr)));
+	if (r->prev)
+		r->prev->next = r->next;
+	else
+		regions = r->next;
+	if (r->next)
+		r->next->prev = r->prev;
+	free(r->chunks);
+	free(r);
+}
+
+size_t vmm_chunk_count(size_t *ret_mapped)
+{
+	size_t n = 0, mapped = 0;
+	struct region *r;
+	unsigned int i;
+
+	for (r = regions; r; r = r->next)
+		for (i = 0; i < r->nchunks; i++) {
+			n++;
+			mapped += r->chunks[i].mapped;
+		}
+	if (ret_mapped)
+		*ret_mapped = mapped;
+	return n;
+}
+
+static int cmp_chunk_va(const void *a, const void *b)
+{
+	CUdeviceptr x = ((const struct alloc_chunk_fd *)a)->va;
+	CUdeviceptr y = ((const struct alloc_chunk_fd *)b)->va;
+
+	return x < y ? -1 : x > y;
+}
+
+int vmm_export_all(struct alloc_chunk_fd *out, size_t cap, size_t *ret_n)
+{
+	struct region *r;
+	size_t n = 0;
+	unsigned int i;
+	int err = 0;
+
+	for (r = regions; r && !err; r = r->next) {
+		for (i = 0; i < r->nchunks; i++) {
+			struct chunk *c = &r->chunks[i];
+			CUresult cr;
+			int fd = -1;
+
+			if (!c->mapped || !c->handle)
+				continue;
+			if (n == cap) {
+				err = -EAGAIN; /* regions changed under a quiesced process? */
+				break;
+			}
+			cr = real.cuMemExportToShareableHandle(&fd, c->handle,
+							       CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+			if (cr != CUDA_SUCCESS) {
+				err = gpucr_err_from_cu(cr);
+				pr_debug("export of chunk at %#llx (%zu bytes): %s\n",
+					 (unsigned long long)(r->va + c->off), c->size, gpucr_strerror(err));
+				break;
+			}
+			if (fcntl(fd, F_SETFD, FD_CLOEXEC) < 0) {
+				err = -errno;
+				close(fd);
+				break;
+			}
+			out[n++] = (struct alloc_chunk_fd){
+				.va = r->va + c->off, .size = c->size, .device = r->device, .fd = fd
+			};
+		}
+	}
+	if (err) {
+		while (n)
+			close(out[--n].fd);
+		return err;
+	}
+	qsort(out, n, sizeof(*out), cmp_chunk_va);
+	*ret_n = n;
+	return 0;
+}
+
+int vmm_release_all(void)
+{
+	struct region *r;
+	unsigned int i;
+
+	for (r = regions; r; r = r->next) {
+		for (i = 0; i < r->nchunks; i++) {
+			struct chunk *c = &r->chunks[i];
+			CUdeviceptr va = r->va + c->off;
+			CUresult cr;
+
+			if (c->mapped) {
+				cr = real.cuMemUnmap(va, c->size);
+				if (cr != CUDA_SUCCESS) {
+					pr_debug("cuMemUnmap(%#llx, %zu): %s\n", (unsigned long long)va,
+						 c->size, gpucr_strerror(gpucr_err_from_cu(cr)));
+					return gpucr_err_from_cu(cr);
+				}
+				c->mapped = false;
+			}
+			if (c->handle) {
+				cr = real.cuMemRelease(c->handle);
+				if (cr != CUDA_SUCCESS) {
+					/* Kept: remap maps this handle again. */
+					pr_debug("cuMemRelease(chunk at %#llx): %s\n",
+						 (unsigned long long)va, gpucr_strerror(gpucr_err_from_cu(cr)));
+					return gpucr_err_from_cu(cr);
+				}
+				c->handle = 0;
+			}
+		}
+	}
+	return 0;
+}
+
+int vmm_remap_all(const struct alloc_chunk_fd *chunks, size_t count)
+{
+	struct alloc_chunk_fd *sorted = NULL;
+	bool missing = false;
+	struct region *r;
+	unsigned int i;
+
+	if (count) {
+		sorted = malloc(count * sizeof(*sorted));
+		if (!sorted)
+			return -ENOMEM;
+		memcpy(sorted, chunks, count * sizeof(*sorted));
+		qsort(sorted, count, sizeof(*sorted), cmp_chunk_va);
+	}
+	for (r = regions; r; r = r->next) {
+		for (i = 0; i < r->nchunks; i++) {
+			struct chunk *c = &r->chunks[i];
+			struct alloc_chunk_fd key = { .va = r->va + c->off };
+			CUmemGenericAllocationHandle h = c->handle;
+			const struct alloc_chunk_fd *f;
+			CUresult cr;
+
+			if (c->mapped)
+				continue;
+			if (!h) {
+				f = count ? bsearch(&key, sorted, count, sizeof(*sorted), cmp_chunk_va) : NULL;
+				if (!f || f->fd < 0) {
+					pr_debug("no fd to remap the chunk at %#llx (%zu bytes)\n",
+						 (unsigned long long)key.va, c->size);
+					missing = true;
+					continue;
+				}
+				if (f->size != c->size) {
+					pr_debug("fd for %#llx holds %zu bytes, the chunk %zu\n",
+						 (unsigned long long)key.va, f->size, c->size);
+					free(sorted);
+					return -EINVAL;
+				}
+				cr = real.cuMemImportFromShareableHandle(
+					&h, (void *)(uintptr_t)f->fd, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+				if (cr != CUDA_SUCCESS) {
+					pr_debug("import of the fd for %#llx: %s\n", (unsigned long long)key.va,
+						 gpucr_strerror(gpucr_err_from_cu(cr)));
+					free(sorted);
+					return gpucr_err_from_cu(cr);
+				}
+			}
+			cr = map_chunk(key.va, c->size, r->device, h);
+			if (cr != CUDA_SUCCESS) {
+				pr_debug("remap of the chunk at %#llx: %s\n", (unsigned long long)key.va,
+					 gpucr_strerror(gpucr_err_from_cu(cr)));
+				if (!c->handle)
+					real.cuMemRelease(h);
+				free(sorted);
+				return gpucr_err_from_cu(cr);
+			}
+			c->handle = h;
+			c->mapped = true;
+		}
+	}
+	free(sorted);
+	return missing ? -ENOENT : 0;
+}

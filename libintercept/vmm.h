@@ -1,0 +1,64 @@
+/* Device memory that gpucr owns: regions of exportable VMM memory.
+ *
+ * A region is one VA reservation (cuMemAddressReserve) with physical chunks
+ * (cuMemCreate, PINNED on the device, POSIX fd handles) mapped into it and
+ * made read-write for the owning device. It backs either one large
+ * allocation or a slab of small ones. Regions can give up their physical
+ * memory while keeping the reservation (release) and take it back from
+ * exported fds at the same addresses (remap).
+ *
+ * Every function here is called with alloc's lock held (alloc.c); errors are
+ * gpucr error codes (-errno or gpucr_err_from_cu()). */
+#ifndef GPUCR_VMM_H
+#define GPUCR_VMM_H
+
+#include "shim.h"
+
+#define VMM_MAX_DEVICES 64
+
+struct slab;
+
+struct chunk {
+	CUmemGenericAllocationHandle handle; /* 0 while released */
+	size_t off;                          /* from the region's va */
+	size_t size;
+	bool mapped;
+};
+
+struct region {
+	CUdeviceptr va;
+	size_t size;          /* reserved = mapped bytes, a multiple of the granularity */
+	int device;
+	unsigned int nchunks;
+	struct chunk *chunks;
+	struct slab *slab;    /* set when the region is a slab (slab.c) */
+	struct region *prev, *next;
+};
+
+/* The allocation granularity gpucr uses on device (the driver's recommended
+ * one), or 0 when VMM memory with POSIX fd handles cannot be used there:
+ * the device says so, GPUCR_VMM=0, or an earlier attempt failed. */
+size_t vmm_granularity(int device) SHIM_HIDDEN;
+
+/* Stops using VMM memory on device after err (a failure other than running
+ * out of memory), with one message saying why. */
+void vmm_disable(int device, int err) SHIM_HIDDEN;
+
+/* A new region of at least size bytes on device (rounded up to the
+ * granularity), mapped read-write for it. */
+int vmm_region_create(int device, size_t size, struct region **ret_region) SHIM_HIDDEN;
+
+/* Unmaps, releases and unreserves r, and frees it. Accepts NULL. The caller
+ * has made sure no queued work still uses it. */
+void vmm_region_destroy(struct region *r) SHIM_HIDDEN;
+
+/* How many chunks all regions hold, and how many of them are mapped. */
+size_t vmm_chunk_count(size_t *ret_mapped) SHIM_HIDDEN;
+
+/* One record per chunk, for alloc_export_all(); see alloc.h. */
+struct alloc_chunk_fd;
+int vmm_export_all(struct alloc_chunk_fd *out, size_t cap, size_t *ret_n) SHIM_HIDDEN;
+int vmm_release_all(void) SHIM_HIDDEN;
+int vmm_remap_all(const struct alloc_chunk_fd *chunks, size_t count) SHIM_HIDDEN;
+
+#endif

@@ -5,6 +5,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "msg.h"
+
 struct cli_cmd {
 	const char *name;
 	const char *summary;
@@ -24,5 +26,20 @@ int cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format
 
 int cmd_inspect(int argc, char **argv);
 void help_inspect(FILE *f);
+int cmd_run(int argc, char **argv);
+void help_run(FILE *f);
+int cmd_ps(int argc, char **argv);
+void help_ps(FILE *f);
+int cmd_drop(int argc, char **argv);
+void help_drop(FILE *f);
+int cmd_dump(int argc, char **argv);
+void help_dump(FILE *f);
+int cmd_restore(int argc, char **argv);
+void help_restore(FILE *f);
+
+/* client.c */
+int cli_connect(const char *socket_path);
+int cli_call(Gpucr__Msg *req, int fd, Gpucr__Msg **ret);
+int cli_own_path(char *buf, size_t len, const char *rel);
 
 #endif

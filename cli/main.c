@@ -8,6 +8,11 @@
 #include "log.h"
 
 static const struct cli_cmd cmds[] = {
+	{ "run", "run a program under gpucr (starts gpucrd if needed)", cmd_run, help_run },
+	{ "ps", "list the processes gpucrd holds GPU memory for", cmd_ps, help_ps },
+	{ "dump", "checkpoint a process tree with CRIU and gpucr's plugin", cmd_dump, help_dump },
+	{ "restore", "restore a dumped process tree with its GPU memory", cmd_restore, help_restore },
+	{ "drop", "free GPU memory kept for a dumped process", cmd_drop, help_drop },
 	{ "inspect", "decode and check a GPU image in a CRIU image directory", cmd_inspect, help_inspect },
 };
 

@@ -1,6 +1,7 @@
 /* Owns unix-socket setup: paths, listen, connect, SO_PEERCRED. */
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -101,4 +102,14 @@ int sock_set_nonblock(int fd, int on)
 	if (fcntl(fd, F_SETFL, fl) < 0)
 		return -errno;
 	return 0;
+}
+
+int gpucr_wake_signal(void)
+{
+	const char *s = getenv("GPUCR_WAKE_SIGNAL");
+	int sig = s ? atoi(s) : 0;
+
+	if (sig <= 0 || sig > SIGRTMAX)
+		sig = SIGRTMIN + 11;
+	return sig;
 }

@@ -26,4 +26,9 @@ int sock_peer_cred(int fd, struct peer_cred *ret_cred);
 
 int sock_set_nonblock(int fd, int on);
 
+/* The signal that wakes a shim's control thread after a restore:
+ * $GPUCR_WAKE_SIGNAL if set (a number), else SIGRTMIN + 11. The daemon, the
+ * plugin and the shim must agree; all read the same variable. */
+int gpucr_wake_signal(void);
+
 #endif

@@ -8,10 +8,12 @@
 #include <uv.h>
 
 #include "frame.h"
+#include "gpu.h"
 #include "msg.h"
 #include "sock.h"
 
 struct conn;
+struct dump_op;
 
 /* One physical allocation of an attached process, as the shim exported it.
  * The registry owns fd until the buffer is freed or dropped. */
@@ -23,6 +25,8 @@ struct rbuf {
 	uint32_t device;
 	int kind;
 	int fd;
+	uint8_t uuid[16];           /* device, as the application sees it */
+	struct gpu_mem mem;         /* the daemon's own mapping, once taken over */
 	struct rbuf *next;
 };
 
@@ -36,6 +40,13 @@ struct proc {
 	uint64_t nbufs;
 	uint64_t bytes;
 	char image_dir[256];
+	pid_t control_tid;          /* the shim's control thread */
+	struct dump_op *dump;       /* dump in progress, or NULL */
+	int image_done;             /* an image of the last dump is complete */
+	int busy;                   /* a worker job holds the proc (restore, remap) */
+	struct conn *remap_waiting; /* reattached shim waiting for the image write */
+	uint64_t t_restore;         /* when the restore request came */
+	int remaps_left;
 	struct proc *next;
 };
 
@@ -55,6 +66,49 @@ struct daemon {
 int server_start(struct daemon *d);
 void server_stop(struct daemon *d);
 int conn_send(struct conn *c, Gpucr__Msg *m, const int *fds, unsigned nfds);
+/* Replies to request id on c: err 0 with body, or an error with a message. */
+int conn_reply(struct conn *c, uint64_t id, Gpucr__Msg *body_or_null, const int *fds, unsigned nfds);
+int conn_reply_err(struct conn *c, uint64_t id, int err, const char *fmt, ...)
+	__attribute__((format(printf, 4, 5)));
+/* A request from the daemon to a peer; cb runs with the reply, or with
+ * reply NULL if the connection closed first. */
+typedef void (*conn_reply_cb)(struct conn *c, Gpucr__Msg *reply, int *fds, unsigned nfds, void *data);
+int conn_request(struct conn *c, Gpucr__Msg *m, const int *fds, unsigned nfds, conn_reply_cb cb,
+		 void *data);
+uid_t conn_uid(const struct conn *c);
+pid_t conn_pid(const struct conn *c);
+/* Reference counting: a connection stays allocated (not open) while held. */
+void conn_hold(struct conn *c);
+void conn_put(struct conn *c);
+int conn_is_open(const struct conn *c);
+/* Runs fn on a worker thread, then done on the loop. */
+int daemon_queue_work(struct daemon *d, void (*fn)(void *), void (*done)(void *, int), void *data);
+
+/* dump.c */
+int dump_start(struct daemon *d, struct conn *c, const Gpucr__Msg *req, int dirfd);
+int dump_wait(struct daemon *d, struct conn *c, const Gpucr__Msg *req);
+void dump_proc_gone(struct daemon *d, struct proc *p);
+
+/* restore.c */
+int restore_start(struct daemon *d, struct conn *c, const Gpucr__Msg *req, int dirfd);
+/* A shim reconnected after a restore (or a leave-running dump): give it its
+ * memory back. */
+void restore_shim_reattached(struct daemon *d, struct proc *p, struct conn *c);
+
+/* driverop.c */
+int driver_op(struct daemon *d, struct conn *c, const Gpucr__Msg *req);
+int wake_proc(struct daemon *d, struct conn *c, const Gpucr__Msg *req);
+
+/* imgio.c: runs on worker threads. */
+struct img_stats {
+	uint64_t bytes, stored, elapsed_ns;
+	uint32_t control_tid, uid;      /* imgio_read: from the image header */
+};
+int imgio_write(struct proc *p, int dirfd, struct img_stats *st, char *msg, size_t msglen);
+/* Loads the image of pid into new GPU memory, as rbufs (caller frees them
+ * on failure with registry code). */
+int imgio_read(pid_t pid, int dirfd, struct rbuf **ret_bufs, struct img_stats *st, char *msg,
+	       size_t msglen);
 
 /* registry.c */
 struct proc *registry_find(struct daemon *d, pid_t pid);
@@ -66,6 +120,9 @@ int registry_buffer_free(struct proc *p, uint64_t va);
 void registry_detach(struct daemon *d, struct proc *p);
 void registry_drop(struct daemon *d, struct proc *p);
 void registry_free_all(struct daemon *d);
+/* Imports every buffer's fd into the daemon (worker thread). */
+int registry_take_over(struct proc *p, char *msg, size_t msglen);
+void rbuf_free(struct rbuf *b);
 /* May a peer of uid act on p? root on any, others on their own. */
 static inline int registry_may_act(uid_t peer_uid, const struct proc *p)
 {

@@ -30,6 +30,45 @@ static void usage(FILE *f)
 
 static struct daemon daemon_;
 
+struct work {
+	uv_work_t req;
+	void (*fn)(void *);
+	void (*done)(void *, int);
+	void *data;
+};
+
+static void work_run(uv_work_t *req)
+{
+	struct work *w = req->data;
+
+	w->fn(w->data);
+}
+
+static void work_after(uv_work_t *req, int status)
+{
+	struct work *w = req->data;
+
+	w->done(w->data, status);
+	free(w);
+}
+
+int daemon_queue_work(struct daemon *d, void (*fn)(void *), void (*done)(void *, int), void *data)
+{
+	struct work *w = calloc(1, sizeof(*w));
+	int r;
+
+	if (!w)
+		return -ENOMEM;
+	w->fn = fn;
+	w->done = done;
+	w->data = data;
+	w->req.data = w;
+	r = uv_queue_work(d->loop, &w->req, work_run, work_after);
+	if (r < 0)
+		free(w);
+	return r;
+}
+
 static void on_signal(uv_signal_t *h, int sig)
 {
 	struct daemon *d = h->data;

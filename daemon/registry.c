@@ -1,10 +1,12 @@
 /* Owns the registry of attached processes: who they are (pid and uid from
  * SO_PEERCRED), their state, and the exported memory (fds) they handed over. */
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "err.h"
 #include "gpucrd.h"
 #include "log.h"
 
@@ -34,13 +36,23 @@ struct proc *registry_attach(struct daemon *d, pid_t pid, uid_t uid, const char 
 			return NULL;
 		p->pid = pid;
 		p->uid = uid;
+		p->state = GPUCR__PROC_STATE__PROC_RUNNING;
 		p->next = d->procs;
 		d->procs = p;
 	}
 	if (comm)
 		snprintf(p->comm, sizeof(p->comm), "%s", comm);
-	p->state = GPUCR__PROC_STATE__PROC_RUNNING;
 	return p;
+}
+
+void rbuf_free(struct rbuf *b)
+{
+	if (!b)
+		return;
+	gpu_mem_release(&b->mem);
+	if (b->fd >= 0)
+		close(b->fd);
+	free(b);
 }
 
 int registry_buffer_add(struct proc *p, const Gpucr__BufferAdd *ba, int fd)
@@ -60,6 +72,9 @@ int registry_buffer_add(struct proc *p, const Gpucr__BufferAdd *ba, int fd)
 	b->phys_offset = ba->has_phys_offset ? ba->phys_offset : 0;
 	b->kind = ba->has_kind ? (int)ba->kind : 0;
 	b->fd = fd;
+	b->mem.fd = -1;
+	if (ba->has_device_uuid && ba->device_uuid.len == 16)
+		memcpy(b->uuid, ba->device_uuid.data, 16);
 	b->next = p->bufs;
 	p->bufs = b;
 	p->nbufs++;
@@ -80,9 +95,7 @@ int registry_buffer_free(struct proc *p, uint64_t va)
 		*pp = b->next;
 		p->nbufs--;
 		p->bytes -= b->phys_size;
-		if (b->fd >= 0)
-			close(b->fd);
-		free(b);
+		rbuf_free(b);
 		found = 1;
 	}
 	return found ? 0 : -ENOENT;
@@ -98,11 +111,11 @@ void registry_drop(struct daemon *d, struct proc *p)
 			*pp = p->next;
 			break;
 		}
+	if (p->dump)
+		dump_proc_gone(d, p);
 	while ((b = p->bufs)) {
 		p->bufs = b->next;
-		if (b->fd >= 0)
-			close(b->fd);
-		free(b);
+		rbuf_free(b);
 	}
 	free(p);
 }
@@ -110,13 +123,56 @@ void registry_drop(struct daemon *d, struct proc *p)
 void registry_detach(struct daemon *d, struct proc *p)
 {
 	p->shim = NULL;
-	if (p->state == GPUCR__PROC_STATE__PROC_DUMPED || p->state == GPUCR__PROC_STATE__PROC_RELEASED) {
+	if (p->state == GPUCR__PROC_STATE__PROC_DUMPED || p->state == GPUCR__PROC_STATE__PROC_RELEASED ||
+	    p->state == GPUCR__PROC_STATE__PROC_RESTORING) {
 		pr_info("pid %d (%s): detached; keeping %llu bytes of GPU memory for its restore",
 			(int)p->pid, p->comm, (unsigned long long)p->bytes);
 		return;
 	}
+	if (p->dump)
+		dump_proc_gone(d, p);
 	pr_debug("pid %d (%s): detached", (int)p->pid, p->comm);
+	if (p->busy) {
+		/* A worker job still uses it; it drops the process when done. */
+		p->state = GPUCR__PROC_STATE__PROC_GONE;
+		return;
+	}
 	registry_drop(d, p);
+}
+
+int registry_take_over(struct proc *p, char *msg, size_t msglen)
+{
+	char gmsg[512];
+	struct rbuf *b;
+	int r;
+
+	r = gpu_init(gmsg, sizeof(gmsg));
+	if (r < 0) {
+		snprintf(msg, msglen, "no GPU access in gpucrd: %.400s", gmsg);
+		return r;
+	}
+	for (b = p->bufs; b; b = b->next) {
+		struct gpu_dev *dev;
+
+		if (b->mem.dev)
+			continue;
+		dev = gpu_dev_by_uuid(b->uuid);
+		if (!dev)
+			dev = gpu_dev_by_ordinal((int)b->device);
+		if (!dev) {
+			snprintf(msg, msglen, "pid %d: buffer 0x%llx is on device %u, which gpucrd does not see",
+				 (int)p->pid, (unsigned long long)b->va, b->device);
+			return -ENODEV;
+		}
+		r = gpu_mem_import(dev, b->fd, b->phys_size, &b->mem);
+		if (r < 0) {
+			snprintf(msg, msglen, "pid %d: buffer 0x%llx (%llu bytes): import failed: %s",
+				 (int)p->pid, (unsigned long long)b->va,
+				 (unsigned long long)b->phys_size, gpucr_strerror(r));
+			return r;
+		}
+	}
+	return 0;
 }
 
 void registry_free_all(struct daemon *d)

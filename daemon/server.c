@@ -3,6 +3,7 @@
  * requests, and closing a connection that sends something malformed (after
  * an error reply) without disturbing any other client. */
 #include <errno.h>
+#include <stdarg.h>
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,9 +13,19 @@
 #include "gpucrd.h"
 #include "log.h"
 
+struct pending {
+	uint64_t id;
+	conn_reply_cb cb;
+	void *data;
+	struct pending *next;
+};
+
 struct conn {
 	struct daemon *d;
 	int fd;
+	int refs;
+	int open;
+	struct pending *pending;
 	uv_poll_t poll;
 	struct frame_rx rx;
 	struct peer_cred cred;
@@ -27,6 +38,39 @@ struct conn {
 
 static void conn_close(struct conn *c);
 
+uid_t conn_uid(const struct conn *c)
+{
+	return c->cred.uid;
+}
+
+pid_t conn_pid(const struct conn *c)
+{
+	return c->cred.pid;
+}
+
+int conn_is_open(const struct conn *c)
+{
+	return c->open;
+}
+
+void conn_hold(struct conn *c)
+{
+	c->refs++;
+}
+
+static void conn_free(struct conn *c)
+{
+	close(c->fd);
+	frame_rx_free(&c->rx);
+	free(c);
+}
+
+void conn_put(struct conn *c)
+{
+	if (--c->refs == 0)
+		conn_free(c);
+}
+
 int conn_send(struct conn *c, Gpucr__Msg *m, const int *fds, unsigned nfds)
 {
 	int r;
@@ -34,6 +78,8 @@ int conn_send(struct conn *c, Gpucr__Msg *m, const int *fds, unsigned nfds)
 	/* Replies are small; a blocking send with the socket briefly blocking
 	 * keeps framing simple. A client that stops reading is cut off by the
 	 * send timeout set at accept. */
+	if (!c->open)
+		return -ENOTCONN;
 	sock_set_nonblock(c->fd, 0);
 	r = msg_send(c->fd, m, fds, nfds);
 	sock_set_nonblock(c->fd, 1);
@@ -73,11 +119,84 @@ static void reply_init(Gpucr__Msg *m, const Gpucr__Msg *req)
 	m->err = 0;
 }
 
+int conn_reply(struct conn *c, uint64_t id, Gpucr__Msg *m, const int *fds, unsigned nfds)
+{
+	Gpucr__Msg empty = GPUCR__MSG__INIT;
+
+	if (!m)
+		m = &empty;
+	m->has_reply_to = id != 0;
+	m->reply_to = id;
+	m->has_err = 1;
+	m->err = 0;
+	m->has_id = 0;
+	return conn_send(c, m, fds, nfds);
+}
+
+int conn_reply_err(struct conn *c, uint64_t id, int err, const char *fmt, ...)
+{
+	Gpucr__Msg m = GPUCR__MSG__INIT;
+	char text[1024];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(text, sizeof(text), fmt, ap);
+	va_end(ap);
+	m.has_reply_to = id != 0;
+	m.reply_to = id;
+	m.has_err = 1;
+	m.err = err;
+	m.err_msg = text;
+	return conn_send(c, &m, NULL, 0);
+}
+
+int conn_request(struct conn *c, Gpucr__Msg *m, const int *fds, unsigned nfds, conn_reply_cb cb,
+		 void *data)
+{
+	struct pending *p;
+	int r;
+
+	p = calloc(1, sizeof(*p));
+	if (!p)
+		return -ENOMEM;
+	p->id = ++c->next_id;
+	p->cb = cb;
+	p->data = data;
+	m->has_id = 1;
+	m->id = p->id;
+	r = conn_send(c, m, fds, nfds);
+	if (r < 0) {
+		free(p);
+		return r;
+	}
+	p->next = c->pending;
+	c->pending = p;
+	return 0;
+}
+
+/* A reply to one of the daemon's own requests: hand it to its callback. */
+static int on_reply(struct conn *c, Gpucr__Msg *rep, int *fds, unsigned nfds)
+{
+	struct pending **pp, *p;
+
+	for (pp = &c->pending; (p = *pp); pp = &p->next)
+		if (p->id == rep->reply_to) {
+			*pp = p->next;
+			p->cb(c, rep, fds, nfds, p->data);
+			free(p);
+			return 0;
+		}
+	pr_debug("pid %d: reply to unknown request %llu", (int)c->cred.pid,
+		 (unsigned long long)rep->reply_to);
+	return 0;
+}
+
 static int on_hello(struct conn *c, Gpucr__Msg *req)
 {
 	Gpucr__HelloReply hr = GPUCR__HELLO_REPLY__INIT;
 	const Gpucr__Hello *h = req->hello;
 	Gpucr__Msg m;
+	int r;
 
 	if (c->hello_done)
 		return reply_err(c, req, -EPROTO, "hello sent twice");
@@ -88,19 +207,41 @@ static int on_hello(struct conn *c, Gpucr__Msg *req)
 	c->role = h->role;
 	c->hello_done = 1;
 	if (c->role == GPUCR__ROLE__ROLE_SHIM) {
+		struct proc *old = registry_find(c->d, c->cred.pid);
+		int restored = h->has_restored && h->restored;
+
+		if (old && !old->shim && !restored && old->nbufs && !old->busy && !old->dump) {
+			/* A new process under the pid of a dumped one: the memory
+			 * kept for that one is not this one's. */
+			pr_warn("pid %d: a new process took the pid of dumped '%s'; freeing the %llu MiB kept for "
+				"it (its image, if written, is still there)",
+				(int)c->cred.pid, old->comm, (unsigned long long)(old->bytes >> 20));
+			registry_drop(c->d, old);
+		}
 		c->proc = registry_attach(c->d, c->cred.pid, c->cred.uid, h->comm);
 		if (!c->proc)
 			return reply_err(c, req, -ENOMEM, "out of memory");
+		if (c->proc->shim && c->proc->shim != c) {
+			/* Only one control connection per process. */
+			c->proc = NULL;
+			return reply_err(c, req, -EBUSY, "pid %d already has a control connection",
+					 (int)c->cred.pid);
+		}
 		c->proc->shim = c;
-		pr_info("pid %d (%s, uid %d): attached", (int)c->cred.pid, c->proc->comm,
-			(int)c->cred.uid);
+		if (h->has_control_tid)
+			c->proc->control_tid = (pid_t)h->control_tid;
+		pr_info("pid %d (%s, uid %d): %s", (int)c->cred.pid, c->proc->comm, (int)c->cred.uid,
+			h->has_restored && h->restored ? "reattached" : "attached");
 	}
 	reply_init(&m, req);
 	hr.proto_version = GPUCR_PROTO_VERSION;
 	hr.daemon_version = (char *)GPUCR_VERSION;
 	m.body_case = GPUCR__MSG__BODY_HELLO_REPLY;
 	m.hello_reply = &hr;
-	return conn_send(c, &m, NULL, 0);
+	r = conn_send(c, &m, NULL, 0);
+	if (r == 0 && c->proc && h->has_restored && h->restored)
+		restore_shim_reattached(c->d, c->proc, c);
+	return r;
 }
 
 static int on_buffer_add(struct conn *c, Gpucr__Msg *req, int *fds, unsigned nfds)
@@ -112,6 +253,8 @@ static int on_buffer_add(struct conn *c, Gpucr__Msg *req, int *fds, unsigned nfd
 		return reply_err(c, req, -EPERM, "buffer_add is for attached processes only");
 	if (nfds != 1)
 		return reply_err(c, req, -EINVAL, "buffer_add needs exactly one fd, got %u", nfds);
+	if (c->proc->state != GPUCR__PROC_STATE__PROC_RUNNING)
+		return reply_err(c, req, -EBUSY, "buffer_add while the process is being dumped or restored");
 	r = registry_buffer_add(c->proc, req->buffer_add, fds[0]);
 	if (r < 0)
 		return reply_err(c, req, r, "buffer 0x%" PRIx64 ": %s", req->buffer_add->va, strerror(-r));
@@ -201,6 +344,9 @@ static int on_drop(struct conn *c, Gpucr__Msg *req)
 	if (!p || !registry_may_act(c->cred.uid, p))
 		return reply_err(c, req, -ESRCH, "pid %" PRIu32 ": not known to gpucrd%s", req->drop->pid,
 				 p ? " (or not yours)" : "");
+	if (p->busy || p->dump)
+		return reply_err(c, req, -EBUSY, "pid %" PRIu32 ": a dump or restore is using its memory; try again when it is done",
+				 req->drop->pid);
 	if (p->shim)
 		return reply_err(c, req, -EBUSY,
 				 "pid %" PRIu32 " is running and attached; only a dumped process's memory can be dropped",
@@ -215,6 +361,8 @@ static int on_drop(struct conn *c, Gpucr__Msg *req)
 /* Handles one message; a negative return closes the connection. */
 static int dispatch(struct conn *c, Gpucr__Msg *req, int *fds, unsigned nfds)
 {
+	if (req->has_reply_to && req->reply_to)
+		return on_reply(c, req, fds, nfds);
 	if (!c->hello_done && req->body_case != GPUCR__MSG__BODY_HELLO) {
 		reply_err(c, req, -EPROTO, "the first message must be hello, not %s", msg_body_name(req));
 		return -EPROTO;
@@ -230,6 +378,24 @@ static int dispatch(struct conn *c, Gpucr__Msg *req, int *fds, unsigned nfds)
 		return on_ps(c, req);
 	case GPUCR__MSG__BODY_DROP:
 		return on_drop(c, req);
+	case GPUCR__MSG__BODY_DUMP:
+		if (nfds != 1)
+			return reply_err(c, req, -EINVAL, "dump needs the image directory's fd");
+		if (dump_start(c->d, c, req, fds[0]) == 0)
+			fds[0] = -1;
+		return 0;
+	case GPUCR__MSG__BODY_DUMP_WAIT:
+		return dump_wait(c->d, c, req);
+	case GPUCR__MSG__BODY_RESTORE:
+		if (nfds != 1)
+			return reply_err(c, req, -EINVAL, "restore needs the image directory's fd");
+		if (restore_start(c->d, c, req, fds[0]) == 0)
+			fds[0] = -1;
+		return 0;
+	case GPUCR__MSG__BODY_DRIVER_OP:
+		return driver_op(c->d, c, req);
+	case GPUCR__MSG__BODY_WAKE:
+		return wake_proc(c->d, c, req);
 	default:
 		return reply_err(c, req, -EOPNOTSUPP, "gpucrd %s does not handle '%s' requests",
 				 GPUCR_VERSION, msg_body_name(req));
@@ -278,30 +444,41 @@ static void on_readable(uv_poll_t *h, int status, int events)
 			conn_close(c);
 			return;
 		}
+		conn_hold(c);
 		r = dispatch(c, req, fds, nfds);
 		msg_free(req);
 		for (i = 0; i < nfds; i++)
 			if (fds[i] >= 0)
 				close(fds[i]);
-		if (r < 0) {
+		if (r < 0)
 			conn_close(c);
+		if (!c->open) {
+			conn_put(c);
 			return;
 		}
+		conn_put(c);
 	}
 }
 
 static void on_closed(uv_handle_t *h)
 {
-	struct conn *c = h->data;
-
-	close(c->fd);
-	frame_rx_free(&c->rx);
-	free(c);
+	conn_put(h->data);
 }
 
 static void conn_close(struct conn *c)
 {
+	struct pending *p;
 	struct conn **pp;
+
+	if (!c->open)
+		return;
+	c->open = 0;
+	/* Requests the peer will never answer now. */
+	while ((p = c->pending)) {
+		c->pending = p->next;
+		p->cb(c, NULL, NULL, 0, p->data);
+		free(p);
+	}
 
 	for (pp = &c->d->conns; *pp; pp = &(*pp)->next)
 		if (*pp == c) {
@@ -340,6 +517,8 @@ static void on_accept(uv_poll_t *h, int status, int events)
 	}
 	c->d = d;
 	c->fd = fd;
+	c->refs = 1;
+	c->open = 1;
 	frame_rx_init(&c->rx);
 	if (sock_peer_cred(fd, &c->cred) < 0) {
 		pr_perror("SO_PEERCRED");

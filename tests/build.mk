@@ -29,3 +29,12 @@ $(BUILD)/tests/daemon-proto: $(BUILD)/tests/e2e/daemon-proto.o $(COMMON_LIB)
 	$(CC) $(CFLAGS) -o $@ $< $(COMMON_LIB) $(LDFLAGS) -lpthread
 
 TESTS += $(BUILD)/tests/daemon-proto
+
+# Daemon dump/restore against the test driver (needs tests/fakecuda).
+$(BUILD)/tests/e2e/daemon-dump.o: CFLAGS += -Itests/fakecuda
+$(BUILD)/tests/daemon-dump: $(BUILD)/tests/e2e/daemon-dump.o $(COMMON_LIB) $(BUILD)/fakecuda/libcuda.so.1
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -o $@ $< $(COMMON_LIB) $(LDFLAGS) -L$(BUILD)/fakecuda -Wl,-rpath,'$$ORIGIN/../fakecuda' \
+		-lcuda -lpthread -ldl
+
+TESTS += $(BUILD)/tests/daemon-dump

@@ -1,0 +1,296 @@
+/* gpucr dump and gpucr restore: drive CRIU with gpucr's plugin, time it,
+ * and say what happened (CRIU's own log has the details). */
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cli.h"
+#include "image.h"
+
+void help_dump(FILE *f)
+{
+	fprintf(f,
+		"Usage: gpucr dump --pid PID -D DIR [--leave-running] [--criu PATH] [-- CRIU-ARGS...]\n\n"
+		"Checkpoints process PID (and its children) with CRIU and gpucr's plugin into\n"
+		"DIR: CRIU's images plus gpucr-<pid>.img and gpucr-pages-<pid>.img for each\n"
+		"process started under `gpucr run`. CUDA processes not started under gpucr are\n"
+		"checkpointed through the driver's own checkpoint. The process is killed\n"
+		"afterwards unless --leave-running is given. CRIU's log: DIR/dump.log.\n\n"
+		"  -t, --pid PID        the process tree to dump\n"
+		"  -D, --images-dir DIR where the images go (created if missing)\n"
+		"  -R, --leave-running  keep the process running after the dump\n"
+		"  --criu PATH          the criu binary (default: criu beside gpucr, else on PATH)\n"
+		"Arguments after -- go to criu as they are.\n");
+}
+
+void help_restore(FILE *f)
+{
+	fprintf(f,
+		"Usage: gpucr restore -D DIR [--criu PATH] [-- CRIU-ARGS...]\n\n"
+		"Restores the processes dumped into DIR, with their GPU memory: kept on the\n"
+		"GPU by gpucrd since the dump (nothing copied), or loaded from the image and\n"
+		"checked against its fingerprints. The restored processes run detached from\n"
+		"this command. CRIU's log: DIR/restore.log.\n");
+}
+
+static double now(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static void find_criu(char *buf, size_t len, const char *given)
+{
+	if (given)
+		snprintf(buf, len, "%s", given);
+	else if (cli_own_path(buf, len, "bin/criu") < 0)
+		snprintf(buf, len, "criu");
+}
+
+static void plugin_dir(void)
+{
+	char p[PATH_MAX];
+
+	if (getenv("CRIU_LIBS_DIR"))
+		return;
+	if (cli_own_path(p, sizeof(p), "lib/criu/gpucr_plugin.so") == 0) {
+		*strrchr(p, '/') = 0;
+		setenv("CRIU_LIBS_DIR", p, 1);
+	}
+}
+
+/* Runs argv, returns its exit status (or -errno). */
+static int run_wait(char **argv)
+{
+	int status;
+	pid_t pid = fork();
+
+	if (pid < 0)
+		return -errno;
+	if (pid == 0) {
+		execvp(argv[0], argv);
+		fprintf(stderr, "gpucr: cannot run %s: %s\n", argv[0], strerror(errno));
+		_exit(127);
+	}
+	while (waitpid(pid, &status, 0) < 0)
+		if (errno != EINTR)
+			return -errno;
+	return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+static void show_errors(const char *dir, const char *log)
+{
+	char cmd[PATH_MAX + 128];
+
+	fprintf(stderr, "last errors in %s/%s:\n", dir, log);
+	snprintf(cmd, sizeof(cmd), "grep -E 'Error|error|gpucr' '%s/%s' | tail -8 >&2", dir, log);
+	if (system(cmd) != 0) {
+		/* nothing matched */
+	}
+}
+
+/* CRIU wants --shell-job for a process that is not its session's leader. */
+static int is_shell_job(long pid)
+{
+	char path[64], buf[1024], *p;
+	long sid = 0;
+	FILE *f;
+
+	snprintf(path, sizeof(path), "/proc/%ld/stat", pid);
+	f = fopen(path, "re");
+	if (!f)
+		return 0;
+	if (!fgets(buf, sizeof(buf), f)) {
+		fclose(f);
+		return 0;
+	}
+	fclose(f);
+	p = strrchr(buf, ')');
+	if (!p || sscanf(p + 2, "%*c %*d %*d %ld", &sid) != 1)
+		return 0;
+	return sid != pid;
+}
+
+static void image_summary(const char *dir)
+{
+	uint32_t *pids = NULL;
+	size_t n = 0, i;
+	int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+
+	if (dfd < 0 || img_list(dfd, &pids, &n) < 0) {
+		if (dfd >= 0)
+			close(dfd);
+		return;
+	}
+	for (i = 0; i < n; i++) {
+		struct gpucr_image *img = NULL;
+		struct img_errbuf eb;
+		char b1[32], b2[32];
+
+		if (img_read(dfd, pids[i], &img, &eb) < 0) {
+			fprintf(stderr, "gpucr: %s\n", eb.msg);
+			continue;
+		}
+		printf("  GPU image of pid %u: %zu buffers, %s, %s stored, written in %.2f s\n", pids[i],
+		       img->nbuffers, cli_bytes(b1, sizeof(b1), img->trailer->total_bytes),
+		       cli_bytes(b2, sizeof(b2), img->trailer->stored_bytes), img->trailer->elapsed_ns / 1e9);
+		img_free(img);
+	}
+	free(pids);
+	close(dfd);
+}
+
+int cmd_dump(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{ "pid", required_argument, NULL, 't' },
+		{ "images-dir", required_argument, NULL, 'D' },
+		{ "leave-running", no_argument, NULL, 'R' },
+		{ "criu", required_argument, NULL, 'c' },
+		{ "help", no_argument, NULL, 'h' },
+		{ NULL, 0, NULL, 0 },
+	};
+	const char *dir = NULL, *criu_given = NULL;
+	char criu[PATH_MAX], pidbuf[32], *av[64];
+	int leave = 0, c, n = 0, r, i, marker;
+	long pid = 0;
+	double t0, t1;
+
+	while ((c = getopt_long(argc, argv, "+t:D:Rc:h", opts, NULL)) != -1) {
+		switch (c) {
+		case 't':
+			pid = strtol(optarg, NULL, 10);
+			break;
+		case 'D':
+			dir = optarg;
+			break;
+		case 'R':
+			leave = 1;
+			break;
+		case 'c':
+			criu_given = optarg;
+			break;
+		case 'h':
+			help_dump(stdout);
+			return CLI_OK;
+		default:
+			return cli_usage_error("dump", "unknown option");
+		}
+	}
+	if (pid <= 0 || !dir)
+		return cli_usage_error("dump", "--pid PID and -D DIR are required");
+	if (mkdir(dir, 0700) < 0 && errno != EEXIST) {
+		fprintf(stderr, "gpucr dump: %s: %s\n", dir, strerror(errno));
+		return CLI_FAIL;
+	}
+	find_criu(criu, sizeof(criu), criu_given);
+	plugin_dir();
+	snprintf(pidbuf, sizeof(pidbuf), "%ld", pid);
+	av[n++] = criu;
+	av[n++] = "dump";
+	av[n++] = "-t";
+	av[n++] = pidbuf;
+	av[n++] = "-D";
+	av[n++] = (char *)dir;
+	av[n++] = "-o";
+	av[n++] = "dump.log";
+	av[n++] = "-v4";
+	if (leave)
+		av[n++] = "-R";
+	marker = is_shell_job(pid);
+	if (marker)
+		av[n++] = "--shell-job";
+	for (i = optind; i < argc && n < 62; i++)
+		av[n++] = argv[i];
+	av[n] = NULL;
+	t0 = now();
+	r = run_wait(av);
+	t1 = now();
+	if (r != 0) {
+		fprintf(stderr, "gpucr dump: criu dump of pid %ld failed (exit %d) after %.2f s\n", pid, r, t1 - t0);
+		show_errors(dir, "dump.log");
+		return CLI_FAIL;
+	}
+	if (marker) {
+		/* restore must be told the same */
+		char p[PATH_MAX];
+		int fd;
+
+		snprintf(p, sizeof(p), "%s/gpucr-shell-job", dir);
+		fd = open(p, O_CREAT | O_WRONLY | O_CLOEXEC, 0600);
+		if (fd >= 0)
+			close(fd);
+	}
+	printf("gpucr dump: pid %ld dumped into %s in %.2f s%s\n", pid, dir, t1 - t0,
+	       leave ? " (left running)" : "");
+	image_summary(dir);
+	return CLI_OK;
+}
+
+int cmd_restore(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{ "images-dir", required_argument, NULL, 'D' },
+		{ "criu", required_argument, NULL, 'c' },
+		{ "help", no_argument, NULL, 'h' },
+		{ NULL, 0, NULL, 0 },
+	};
+	const char *dir = NULL, *criu_given = NULL;
+	char criu[PATH_MAX], marker[PATH_MAX], *av[64];
+	int c, n = 0, r, i;
+	double t0, t1;
+
+	while ((c = getopt_long(argc, argv, "+D:c:h", opts, NULL)) != -1) {
+		switch (c) {
+		case 'D':
+			dir = optarg;
+			break;
+		case 'c':
+			criu_given = optarg;
+			break;
+		case 'h':
+			help_restore(stdout);
+			return CLI_OK;
+		default:
+			return cli_usage_error("restore", "unknown option");
+		}
+	}
+	if (!dir)
+		return cli_usage_error("restore", "-D DIR is required");
+	find_criu(criu, sizeof(criu), criu_given);
+	plugin_dir();
+	av[n++] = criu;
+	av[n++] = "restore";
+	av[n++] = "-D";
+	av[n++] = (char *)dir;
+	av[n++] = "-o";
+	av[n++] = "restore.log";
+	av[n++] = "-v4";
+	av[n++] = "-d";
+	snprintf(marker, sizeof(marker), "%s/gpucr-shell-job", dir);
+	if (access(marker, F_OK) == 0)
+		av[n++] = "--shell-job";
+	for (i = optind; i < argc && n < 62; i++)
+		av[n++] = argv[i];
+	av[n] = NULL;
+	t0 = now();
+	r = run_wait(av);
+	t1 = now();
+	if (r != 0) {
+		fprintf(stderr, "gpucr restore: criu restore from %s failed (exit %d) after %.2f s\n", dir, r, t1 - t0);
+		show_errors(dir, "restore.log");
+		return CLI_FAIL;
+	}
+	printf("gpucr restore: restored from %s in %.2f s\n", dir, t1 - t0);
+	return CLI_OK;
+}

@@ -1,0 +1,436 @@
+/* Owns the dump of an attached process's GPU side:
+ *
+ *   quiesce (the shim closes its gate and drains its streams)
+ *   -> take over (the daemon imports every buffer's fd: the memory now has
+ *      a holder outside the process)
+ *   -> release (the shim unmaps and releases its physical memory, keeps its
+ *      address reservations, and disconnects)
+ *   -> reply to the requester: the process holds no device memory now
+ *   -> write the image in the background, from the daemon's own mappings
+ *   -> DumpWait waiters are answered when the image is complete.
+ *
+ * Any failure before the release puts the process back as it was (resume).
+ * The memory stays held by the daemon after the image is written (retention)
+ * until a restore hands it back or the user drops it. */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "err.h"
+#include "gpucrd.h"
+#include "log.h"
+
+enum dump_phase {
+	PH_QUIESCE,
+	PH_TAKEOVER,
+	PH_RELEASE,
+	PH_WRITING,
+	PH_DONE,
+};
+
+struct waiter {
+	struct conn *c;
+	uint64_t id;
+	struct waiter *next;
+};
+
+struct dump_op {
+	struct daemon *d;
+	struct proc *p;
+	pid_t pid;
+	enum dump_phase phase;
+	struct conn *req_conn;      /* held until answered */
+	uint64_t req_id;
+	int dirfd;
+	int retain;
+	uint64_t t_start;
+	uint64_t t_released;
+	int err;
+	char msg[1024];
+	struct img_stats st;
+	struct waiter *waiters;
+	int gone;                   /* the process went away mid-dump */
+};
+
+static uint64_t now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static void answer_requester(struct dump_op *op)
+{
+	Gpucr__DumpReply dr = GPUCR__DUMP_REPLY__INIT;
+	Gpucr__Msg m = GPUCR__MSG__INIT;
+
+	if (!op->req_conn)
+		return;
+	if (op->err) {
+		conn_reply_err(op->req_conn, op->req_id, op->err, "%s", op->msg);
+	} else {
+		dr.has_bytes = 1;
+		dr.bytes = op->p ? op->p->bytes : 0;
+		dr.has_downtime_ns = 1;
+		dr.downtime_ns = op->t_released - op->t_start;
+		m.body_case = GPUCR__MSG__BODY_DUMP_REPLY;
+		m.dump_reply = &dr;
+		conn_reply(op->req_conn, op->req_id, &m, NULL, 0);
+	}
+	conn_put(op->req_conn);
+	op->req_conn = NULL;
+}
+
+static void answer_waiters(struct dump_op *op)
+{
+	Gpucr__DumpReply dr = GPUCR__DUMP_REPLY__INIT;
+	struct waiter *w;
+
+	while ((w = op->waiters)) {
+		Gpucr__Msg m = GPUCR__MSG__INIT;
+
+		op->waiters = w->next;
+		if (op->err) {
+			conn_reply_err(w->c, w->id, op->err, "%s", op->msg);
+		} else {
+			dr.has_bytes = 1;
+			dr.bytes = op->st.bytes;
+			dr.has_stored_bytes = 1;
+			dr.stored_bytes = op->st.stored;
+			dr.has_elapsed_ns = 1;
+			dr.elapsed_ns = op->st.elapsed_ns;
+			dr.has_downtime_ns = 1;
+			dr.downtime_ns = op->t_released - op->t_start;
+			m.body_case = GPUCR__MSG__BODY_DUMP_REPLY;
+			m.dump_reply = &dr;
+			conn_reply(w->c, w->id, &m, NULL, 0);
+		}
+		conn_put(w->c);
+		free(w);
+	}
+}
+
+static void op_free(struct dump_op *op)
+{
+	if (op->p && op->p->dump == op)
+		op->p->dump = NULL;
+	if (op->dirfd >= 0)
+		close(op->dirfd);
+	free(op);
+}
+
+/* Ends the dump: answers everyone, frees the op. */
+static void op_finish(struct dump_op *op)
+{
+	answer_requester(op);
+	answer_waiters(op);
+	op_free(op);
+}
+
+static void send_resume(struct proc *p)
+{
+	Gpucr__Msg m = GPUCR__MSG__INIT;
+	Gpucr__Resume rs = GPUCR__RESUME__INIT;
+
+	if (!p || !p->shim)
+		return;
+	m.body_case = GPUCR__MSG__BODY_RESUME;
+	m.resume = &rs;
+	/* No answer is awaited: the gate reopens either way. */
+	conn_send(p->shim, &m, NULL, 0);
+}
+
+/* Failure before the release: the process goes on as it was. */
+static void fail_early(struct dump_op *op, int err, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+
+static void fail_early(struct dump_op *op, int err, const char *fmt, ...)
+{
+	va_list ap;
+
+	op->err = err;
+	va_start(ap, fmt);
+	vsnprintf(op->msg, sizeof(op->msg), fmt, ap);
+	va_end(ap);
+	pr_err("%s", op->msg);
+	if (op->p) {
+		op->p->state = GPUCR__PROC_STATE__PROC_RUNNING;
+		send_resume(op->p);
+	}
+	op_finish(op);
+}
+
+static void write_work(void *data)
+{
+	struct dump_op *op = data;
+
+	op->err = imgio_write(op->p, op->dirfd, &op->st, op->msg, sizeof(op->msg));
+}
+
+static void write_done(void *data, int status)
+{
+	struct dump_op *op = data;
+	struct proc *p = op->p;
+	struct conn *waiting;
+	struct daemon *op_d;
+
+	(void)status;
+	/* The proc cannot go away while busy: drop refuses, and a released
+	 * process's disconnect keeps it. */
+	p->busy--;
+	if (op->err) {
+		pr_err("pid %d: the GPU image was not written: %s", (int)op->pid, op->msg);
+	} else {
+		pr_info("pid %d (%s): GPU image written: %llu MiB of %llu MiB stored in %.2f s (%.1f GB/s)",
+			(int)op->pid, p->comm, (unsigned long long)(op->st.stored >> 20),
+			(unsigned long long)(op->st.bytes >> 20), op->st.elapsed_ns / 1e9,
+			op->st.elapsed_ns ? op->st.stored / (op->st.elapsed_ns / 1e9) / 1e9 : 0.0);
+		if (p->state == GPUCR__PROC_STATE__PROC_RELEASED)
+			p->state = GPUCR__PROC_STATE__PROC_DUMPED;
+		p->image_done = 1;
+	}
+	op->phase = PH_DONE;
+	waiting = p->remap_waiting;
+	p->remap_waiting = NULL;
+	op_d = op->d;
+	op_finish(op);
+	if (waiting) {
+		/* A leave-running dump whose process came back early. */
+		if (conn_is_open(waiting) && p->shim == waiting)
+			restore_shim_reattached(op_d, p, waiting);
+		conn_put(waiting);
+	}
+}
+
+static void on_release_reply(struct conn *c, Gpucr__Msg *rep, int *fds, unsigned nfds, void *data)
+{
+	struct dump_op *op = data;
+	struct proc *p = op->p;
+
+	(void)c;
+	(void)fds;
+	(void)nfds;
+	if (!p || op->gone) {
+		op->p = NULL;
+		fail_early(op, -ESRCH, "pid %d exited during its dump", (int)op->pid);
+		return;
+	}
+	if (!rep) {
+		fail_early(op, -ECONNRESET, "pid %d: the process's control connection closed during release",
+			   (int)op->pid);
+		return;
+	}
+	if (rep->err) {
+		fail_early(op, rep->err, "pid %d: release failed: %s", (int)op->pid,
+			   rep->err_msg ? rep->err_msg : gpucr_strerror(rep->err));
+		return;
+	}
+	op->t_released = now_ns();
+	p->state = GPUCR__PROC_STATE__PROC_RELEASED;
+	pr_info("pid %d (%s): released %llu MiB of GPU memory to gpucrd after %.1f ms", (int)op->pid,
+		p->comm, (unsigned long long)(p->bytes >> 20), (op->t_released - op->t_start) / 1e6);
+	answer_requester(op);
+	op->phase = PH_WRITING;
+	p->busy++;
+	if (daemon_queue_work(op->d, write_work, write_done, op) < 0) {
+		p->busy--;
+		op->err = -ENOMEM;
+		snprintf(op->msg, sizeof(op->msg), "cannot start writing the image");
+		op_finish(op);
+	}
+}
+
+static void takeover_work(void *data)
+{
+	struct dump_op *op = data;
+
+	op->err = registry_take_over(op->p, op->msg, sizeof(op->msg));
+}
+
+static void takeover_done(void *data, int status)
+{
+	struct dump_op *op = data;
+	Gpucr__Msg m = GPUCR__MSG__INIT;
+	Gpucr__Release rel = GPUCR__RELEASE__INIT;
+	int r;
+
+	(void)status;
+	if (op->p)
+		op->p->busy--;
+	if (!op->p || op->gone || op->p->state == GPUCR__PROC_STATE__PROC_GONE) {
+		struct proc *p = op->p;
+
+		op->p = NULL;
+		if (p && !p->shim)
+			registry_drop(op->d, p);
+		fail_early(op, -ESRCH, "pid %d exited during its dump", (int)op->pid);
+		return;
+	}
+	if (op->err) {
+		int err = op->err;
+
+		op->err = 0;
+		fail_early(op, err, "pid %d: %s", (int)op->pid, op->msg);
+		return;
+	}
+	if (!op->p->shim) {
+		fail_early(op, -ECONNRESET, "pid %d: control connection lost", (int)op->pid);
+		return;
+	}
+	op->phase = PH_RELEASE;
+	m.body_case = GPUCR__MSG__BODY_RELEASE;
+	m.release = &rel;
+	r = conn_request(op->p->shim, &m, NULL, 0, on_release_reply, op);
+	if (r < 0)
+		fail_early(op, r, "pid %d: cannot ask for release: %s", (int)op->pid, strerror(-r));
+}
+
+static void on_quiesce_reply(struct conn *c, Gpucr__Msg *rep, int *fds, unsigned nfds, void *data)
+{
+	struct dump_op *op = data;
+
+	(void)c;
+	(void)fds;
+	(void)nfds;
+	if (!op->p || op->gone) {
+		op->p = NULL;
+		fail_early(op, -ESRCH, "pid %d exited during its dump", (int)op->pid);
+		return;
+	}
+	if (!rep) {
+		fail_early(op, -ECONNRESET, "pid %d: the process's control connection closed during quiesce",
+			   (int)op->pid);
+		return;
+	}
+	if (rep->err) {
+		fail_early(op, rep->err, "pid %d: cannot quiesce: %s", (int)op->pid,
+			   rep->err_msg ? rep->err_msg : gpucr_strerror(rep->err));
+		return;
+	}
+	op->p->state = GPUCR__PROC_STATE__PROC_QUIESCED;
+	op->phase = PH_TAKEOVER;
+	op->p->busy++;
+	if (daemon_queue_work(op->d, takeover_work, takeover_done, op) < 0) {
+		op->p->busy--;
+		fail_early(op, -ENOMEM, "pid %d: cannot queue work", (int)op->pid);
+	}
+}
+
+int dump_start(struct daemon *d, struct conn *c, const Gpucr__Msg *req, int dirfd)
+{
+	const Gpucr__DumpRequest *dr = req->dump;
+	Gpucr__Msg m = GPUCR__MSG__INIT;
+	Gpucr__Quiesce q = GPUCR__QUIESCE__INIT;
+	struct proc *p = registry_find(d, (pid_t)dr->pid);
+	struct dump_op *op;
+	uint64_t id = req->has_id ? req->id : 0;
+	int r;
+
+	if (!p || !registry_may_act(conn_uid(c), p)) {
+		conn_reply_err(c, id, -ESRCH,
+			       "pid %u is not attached to gpucrd%s (was it started with 'gpucr run'?)",
+			       dr->pid, p ? " or is not yours" : "");
+		return -ESRCH;
+	}
+	if (p->dump) {
+		conn_reply_err(c, id, -EBUSY, "pid %u: a dump of this process is already running", dr->pid);
+		return -EBUSY;
+	}
+	if (p->state != GPUCR__PROC_STATE__PROC_RUNNING || !p->shim) {
+		conn_reply_err(c, id, -EBUSY, "pid %u is not running under gpucr right now (state %d)",
+			       dr->pid, p->state);
+		return -EBUSY;
+	}
+	op = calloc(1, sizeof(*op));
+	if (!op) {
+		conn_reply_err(c, id, -ENOMEM, "out of memory");
+		return -ENOMEM;
+	}
+	op->d = d;
+	op->p = p;
+	op->pid = p->pid;
+	op->dirfd = dirfd;
+	op->retain = dr->has_retain ? dr->retain : 1;
+	op->req_conn = c;
+	op->req_id = id;
+	op->t_start = now_ns();
+	conn_hold(c);
+	p->dump = op;
+	p->image_done = 0;
+	p->image_dir[0] = 0;
+	{
+		char link[64];
+		ssize_t n;
+
+		snprintf(link, sizeof(link), "/proc/self/fd/%d", dirfd);
+		n = readlink(link, p->image_dir, sizeof(p->image_dir) - 1);
+		p->image_dir[n > 0 ? n : 0] = 0;
+	}
+	pr_info("pid %d (%s): dump requested by pid %d into %s (%llu MiB in %llu buffers)", (int)p->pid,
+		p->comm, (int)conn_pid(c), p->image_dir, (unsigned long long)(p->bytes >> 20),
+		(unsigned long long)p->nbufs);
+	q.has_timeout_ms = 1;
+	q.timeout_ms = dr->has_timeout_ms ? dr->timeout_ms : 10000;
+	m.body_case = GPUCR__MSG__BODY_QUIESCE;
+	m.quiesce = &q;
+	op->phase = PH_QUIESCE;
+	r = conn_request(p->shim, &m, NULL, 0, on_quiesce_reply, op);
+	if (r < 0) {
+		op->dirfd = -1; /* the caller keeps it on failure */
+		fail_early(op, r, "pid %d: cannot reach its control thread: %s", (int)p->pid, strerror(-r));
+		return r;
+	}
+	return 0;
+}
+
+int dump_wait(struct daemon *d, struct conn *c, const Gpucr__Msg *req)
+{
+	struct proc *p = registry_find(d, (pid_t)req->dump_wait->pid);
+	uint64_t id = req->has_id ? req->id : 0;
+	Gpucr__DumpReply dr = GPUCR__DUMP_REPLY__INIT;
+	Gpucr__Msg m = GPUCR__MSG__INIT;
+	struct waiter *w;
+
+	if (!p || !registry_may_act(conn_uid(c), p))
+		return conn_reply_err(c, id, -ESRCH, "pid %u: not known to gpucrd", req->dump_wait->pid);
+	if (!p->dump) {
+		if (!p->image_done)
+			return conn_reply_err(c, id, -ENOENT,
+					      "pid %u: no dump in progress and no complete image", req->dump_wait->pid);
+		dr.has_bytes = 1;
+		dr.bytes = p->bytes;
+		m.body_case = GPUCR__MSG__BODY_DUMP_REPLY;
+		m.dump_reply = &dr;
+		return conn_reply(c, id, &m, NULL, 0);
+	}
+	w = calloc(1, sizeof(*w));
+	if (!w)
+		return conn_reply_err(c, id, -ENOMEM, "out of memory");
+	w->c = c;
+	w->id = id;
+	conn_hold(c);
+	w->next = p->dump->waiters;
+	p->dump->waiters = w;
+	return 0;
+}
+
+void dump_proc_gone(struct daemon *d, struct proc *p)
+{
+	(void)d;
+	if (!p->dump)
+		return;
+	/* The op keeps going only while a worker holds the proc; mark it. */
+	p->dump->gone = 1;
+	if (p->dump->phase == PH_QUIESCE || p->dump->phase == PH_RELEASE) {
+		/* Its request callbacks will run (connection closing) and end
+		 * the op; detach it from the proc being freed. */
+		p->dump->p = NULL;
+		p->dump = NULL;
+	}
+}

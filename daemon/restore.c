@@ -1,0 +1,287 @@
+/* Owns giving a process its GPU memory back: after `criu restore` (the CRIU
+ * plugin's RestoreRequest makes the memory ready: retained memory as it is,
+ * or the image loaded into new GPU memory and checked against its
+ * fingerprints), and when the process's control thread reconnects, the
+ * remap (fds handed back, mapped at the same addresses) and the resume. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "err.h"
+#include "gpucrd.h"
+#include "log.h"
+
+#define REMAP_BATCH 64
+
+struct restore_op {
+	struct daemon *d;
+	pid_t pid;
+	uid_t uid;
+	struct conn *c;
+	uint64_t id;
+	int dirfd;
+	int err;
+	char msg[1024];
+	struct rbuf *bufs;
+	struct img_stats st;
+	uint32_t control_tid;
+	uint64_t t_start;
+};
+
+static uint64_t now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static int reply_restore(struct conn *c, uint64_t id, int retained, uint64_t bytes, uint64_t ns,
+			 uint32_t tid)
+{
+	Gpucr__RestoreReply rr = GPUCR__RESTORE_REPLY__INIT;
+	Gpucr__Msg m = GPUCR__MSG__INIT;
+
+	rr.has_from_retained = 1;
+	rr.from_retained = retained;
+	rr.has_bytes = 1;
+	rr.bytes = bytes;
+	rr.has_elapsed_ns = 1;
+	rr.elapsed_ns = ns;
+	rr.has_control_tid = tid != 0;
+	rr.control_tid = tid;
+	m.body_case = GPUCR__MSG__BODY_RESTORE_REPLY;
+	m.restore_reply = &rr;
+	return conn_reply(c, id, &m, NULL, 0);
+}
+
+static void load_work(void *data)
+{
+	struct restore_op *op = data;
+
+	op->err = imgio_read(op->pid, op->dirfd, &op->bufs, &op->st, op->msg, sizeof(op->msg));
+	op->control_tid = op->st.control_tid;
+}
+
+static void load_done(void *data, int status)
+{
+	struct restore_op *op = data;
+	struct proc *p;
+	struct rbuf *b;
+
+	(void)status;
+	if (op->err) {
+		pr_err("pid %d: restore from the image failed: %s", (int)op->pid, op->msg);
+		conn_reply_err(op->c, op->id, op->err, "%s", op->msg);
+		goto out;
+	}
+	p = registry_find(op->d, op->pid);
+	if (p && (p->shim || p->nbufs)) {
+		conn_reply_err(op->c, op->id, -EBUSY, "pid %d: gpucrd already holds a process with this pid",
+			       (int)op->pid);
+		goto out;
+	}
+	if (!p)
+		p = registry_attach(op->d, op->pid, op->uid, NULL);
+	if (!p) {
+		conn_reply_err(op->c, op->id, -ENOMEM, "out of memory");
+		goto out;
+	}
+	while ((b = op->bufs)) {
+		op->bufs = b->next;
+		b->next = p->bufs;
+		p->bufs = b;
+		p->nbufs++;
+		p->bytes += b->phys_size;
+	}
+	p->state = GPUCR__PROC_STATE__PROC_RESTORING;
+	p->control_tid = (pid_t)op->control_tid;
+	p->t_restore = op->t_start;
+	pr_info("pid %d: %llu MiB loaded from the image in %.2f s (%.1f GB/s); waiting for the process to map it",
+		(int)op->pid, (unsigned long long)(op->st.bytes >> 20), op->st.elapsed_ns / 1e9,
+		op->st.elapsed_ns ? op->st.stored / (op->st.elapsed_ns / 1e9) / 1e9 : 0.0);
+	reply_restore(op->c, op->id, 0, op->st.bytes, now_ns() - op->t_start, op->control_tid);
+out:
+	while ((b = op->bufs)) {
+		op->bufs = b->next;
+		rbuf_free(b);
+	}
+	conn_put(op->c);
+	close(op->dirfd);
+	free(op);
+}
+
+int restore_start(struct daemon *d, struct conn *c, const Gpucr__Msg *req, int dirfd)
+{
+	const Gpucr__RestoreRequest *rq = req->restore;
+	uint64_t id = req->has_id ? req->id : 0;
+	struct proc *p = registry_find(d, (pid_t)rq->pid);
+	int allow_retained = rq->has_allow_retained ? rq->allow_retained : 1;
+	struct restore_op *op;
+	char path[64];
+	struct stat st;
+
+	/* The restored process exists (CRIU recreated it); its owner decides
+	 * who may give it memory. */
+	snprintf(path, sizeof(path), "/proc/%u", rq->pid);
+	if (stat(path, &st) < 0) {
+		conn_reply_err(c, id, -ESRCH, "pid %u: no such process to restore GPU memory into", rq->pid);
+		return -ESRCH;
+	}
+	if (conn_uid(c) != 0 && conn_uid(c) != st.st_uid) {
+		conn_reply_err(c, id, -EPERM, "pid %u belongs to uid %u", rq->pid, (unsigned)st.st_uid);
+		return -EPERM;
+	}
+	if (p && p->uid != st.st_uid) {
+		conn_reply_err(c, id, -EPERM, "pid %u: the memory gpucrd holds under this pid belongs to uid %u",
+			       rq->pid, (unsigned)p->uid);
+		return -EPERM;
+	}
+	if (p && allow_retained && !p->shim && p->nbufs && !p->dump &&
+	    (p->state == GPUCR__PROC_STATE__PROC_DUMPED || p->state == GPUCR__PROC_STATE__PROC_RELEASED ||
+	     p->state == GPUCR__PROC_STATE__PROC_RESTORING)) {
+		/* Zero-copy: the memory never left the GPU. */
+		p->state = GPUCR__PROC_STATE__PROC_RESTORING;
+		p->t_restore = now_ns();
+		pr_info("pid %d (%s): restoring from retained GPU memory (%llu MiB, nothing to copy)",
+			(int)p->pid, p->comm, (unsigned long long)(p->bytes >> 20));
+		reply_restore(c, id, 1, p->bytes, 0, (uint32_t)p->control_tid);
+		close(dirfd);
+		return 0;
+	}
+	if (p && (p->shim || p->busy || p->dump)) {
+		conn_reply_err(c, id, -EBUSY, "pid %u is attached and running; nothing to restore", rq->pid);
+		return -EBUSY;
+	}
+	if (p) /* stale memory of an earlier life of this pid */
+		registry_drop(d, p);
+	op = calloc(1, sizeof(*op));
+	if (!op) {
+		conn_reply_err(c, id, -ENOMEM, "out of memory");
+		return -ENOMEM;
+	}
+	op->d = d;
+	op->pid = (pid_t)rq->pid;
+	op->uid = st.st_uid;
+	op->c = c;
+	op->id = id;
+	op->dirfd = dirfd;
+	op->t_start = now_ns();
+	conn_hold(c);
+	if (daemon_queue_work(d, load_work, load_done, op) < 0) {
+		conn_put(c);
+		free(op);
+		conn_reply_err(c, id, -ENOMEM, "cannot queue the image load");
+		return -ENOMEM;
+	}
+	return 0;
+}
+
+static void on_resume_reply(struct conn *c, Gpucr__Msg *rep, int *fds, unsigned nfds, void *data)
+{
+	struct proc *p = data;
+
+	(void)c;
+	(void)fds;
+	(void)nfds;
+	if (!rep)
+		return; /* the process went away; registry_detach handles it */
+	if (rep->err) {
+		pr_err("pid %d: resume failed: %s", (int)p->pid, rep->err_msg ? rep->err_msg : "?");
+		return;
+	}
+	p->state = GPUCR__PROC_STATE__PROC_RUNNING;
+	pr_info("pid %d (%s): running again with %llu MiB of GPU memory in place (%.1f ms after the restore request)",
+		(int)p->pid, p->comm, (unsigned long long)(p->bytes >> 20),
+		p->t_restore ? (now_ns() - p->t_restore) / 1e6 : 0.0);
+	p->t_restore = 0;
+}
+
+static void on_remap_reply(struct conn *c, Gpucr__Msg *rep, int *fds, unsigned nfds, void *data)
+{
+	struct proc *p = data;
+	Gpucr__Msg m = GPUCR__MSG__INIT;
+	Gpucr__Resume rs = GPUCR__RESUME__INIT;
+
+	(void)fds;
+	(void)nfds;
+	if (!rep)
+		return;
+	if (rep->err) {
+		pr_err("pid %d: remapping its GPU memory failed: %s", (int)p->pid,
+		       rep->err_msg ? rep->err_msg : gpucr_strerror(rep->err));
+		p->remaps_left = 0;
+		return;
+	}
+	if (--p->remaps_left > 0)
+		return;
+	m.body_case = GPUCR__MSG__BODY_RESUME;
+	m.resume = &rs;
+	conn_request(c, &m, NULL, 0, on_resume_reply, p);
+}
+
+void restore_shim_reattached(struct daemon *d, struct proc *p, struct conn *c)
+{
+	Gpucr__BufferAdd adds[REMAP_BATCH], *addp[REMAP_BATCH];
+	int fds[REMAP_BATCH];
+	struct rbuf *b;
+	int nb = 0, batches, r;
+
+	(void)d;
+	if (!p->nbufs) {
+		pr_warn("pid %d reattached after a restore, but gpucrd holds no GPU memory for it; "
+			"restore it with 'criu restore' and gpucr's plugin, which loads its GPU image",
+			(int)p->pid);
+		return;
+	}
+	if (p->dump) {
+		/* The image is still being written from this memory: hand it
+		 * back only when that is done (dump.c calls us again). */
+		p->remap_waiting = c;
+		conn_hold(c);
+		return;
+	}
+	if (p->state == GPUCR__PROC_STATE__PROC_RUNNING)
+		return;
+	batches = (int)((p->nbufs + REMAP_BATCH - 1) / REMAP_BATCH);
+	p->remaps_left = batches;
+	p->state = GPUCR__PROC_STATE__PROC_RESTORING;
+	for (b = p->bufs; b; b = b->next) {
+		Gpucr__BufferAdd *a = &adds[nb];
+
+		gpucr__buffer_add__init(a);
+		a->va = b->va;
+		a->size = b->size;
+		a->device = b->device;
+		a->has_phys_size = 1;
+		a->phys_size = b->phys_size;
+		a->has_phys_offset = 1;
+		a->phys_offset = b->phys_offset;
+		a->has_device_uuid = 1;
+		a->device_uuid.data = b->uuid;
+		a->device_uuid.len = 16;
+		addp[nb] = a;
+		fds[nb++] = b->fd;
+		if (nb == REMAP_BATCH || !b->next) {
+			Gpucr__Msg m = GPUCR__MSG__INIT;
+			Gpucr__Remap rm = GPUCR__REMAP__INIT;
+
+			rm.n_buffers = (size_t)nb;
+			rm.buffers = addp;
+			rm.has_last = 1;
+			rm.last = b->next == NULL;
+			m.body_case = GPUCR__MSG__BODY_REMAP;
+			m.remap = &rm;
+			r = conn_request(c, &m, fds, (unsigned)nb, on_remap_reply, p);
+			if (r < 0) {
+				pr_err("pid %d: cannot send its memory back: %s", (int)p->pid, strerror(-r));
+				return;
+			}
+			nb = 0;
+		}
+	}
+}

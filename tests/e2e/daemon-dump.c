@@ -1,0 +1,602 @@
+/* gpucrd's dump and restore paths against the test driver, with this
+ * program playing an application and its shim (a thread speaking protocol
+ * v1): buffers handed over, quiesce, release (afterwards this process holds
+ * no device memory), the image written and correct, zero-copy restore from
+ * retained memory, restore from the image after a daemon restart, a
+ * damaged or truncated image refused with a message naming the problem, a
+ * second dump while one runs refused, another uid refused, a full disk
+ * giving an error and no image that looks complete. */
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <semaphore.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cuda.h>
+
+#include "fakecuda.h"
+#include "frame.h"
+#include "image.h"
+#include "msg.h"
+#include "sock.h"
+#include "../unit/t.h"
+
+#define NBUF 3
+static const size_t sizes[NBUF] = { 2u << 20, 6u << 20, 4u << 20 };
+
+static char sockpath[128], daemon_bin[2048], fake_lib[4096];
+static pid_t daemon_pid;
+static CUdeviceptr va[NBUF];
+static CUmemGenericAllocationHandle handles[NBUF];
+static int mapped;
+static uint8_t uuid[16];
+
+static sem_t reconnect_sem, resumed_sem;
+static volatile int slow_quiesce, shim_quit;
+
+/* ---- the application's memory ------------------------------------------ */
+
+static uint8_t pattern(int b, size_t i)
+{
+	if (b == 1 && (i < (4u << 20) || i >= (4u << 20) + 100))
+		return 0; /* mostly zero: two of three chunks are not stored */
+	return (uint8_t)(i * 7 + (size_t)b * 13 + (i >> 12));
+}
+
+static void fill(void)
+{
+	int b;
+	size_t i;
+
+	for (b = 0; b < NBUF; b++)
+		for (i = 0; i < sizes[b]; i++)
+			((uint8_t *)(uintptr_t)va[b])[i] = pattern(b, i);
+}
+
+static int check_pattern(void)
+{
+	int b;
+	size_t i;
+
+	for (b = 0; b < NBUF; b++)
+		for (i = 0; i < sizes[b]; i++)
+			if (((uint8_t *)(uintptr_t)va[b])[i] != pattern(b, i)) {
+				fprintf(stderr, "buffer %d byte %zu differs\n", b, i);
+				return 0;
+			}
+	return 1;
+}
+
+static void map_one(int b, CUmemGenericAllocationHandle h)
+{
+	CUmemAccessDesc acc = { .location = { CU_MEM_LOCATION_TYPE_DEVICE, 0 },
+				.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE };
+
+	REQUIRE(cuMemMap(va[b], sizes[b], 0, h, 0) == CUDA_SUCCESS);
+	REQUIRE(cuMemSetAccess(va[b], sizes[b], &acc, 1) == CUDA_SUCCESS);
+	handles[b] = h;
+}
+
+static void alloc_all(void)
+{
+	CUmemAllocationProp prop = { 0 };
+	CUdevice dev;
+	CUcontext ctx;
+	int b;
+
+	REQUIRE(cuInit(0) == CUDA_SUCCESS);
+	REQUIRE(cuDeviceGet(&dev, 0) == CUDA_SUCCESS);
+	REQUIRE(cuDevicePrimaryCtxRetain(&ctx, dev) == CUDA_SUCCESS);
+	REQUIRE(cuCtxSetCurrent(ctx) == CUDA_SUCCESS);
+	REQUIRE(cuDeviceGetUuid((CUuuid *)uuid, dev) == CUDA_SUCCESS);
+	prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+	prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+	prop.location.id = 0;
+	prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+	for (b = 0; b < NBUF; b++) {
+		CUmemGenericAllocationHandle h;
+
+		REQUIRE(cuMemAddressReserve(&va[b], sizes[b], 2u << 20, 0, 0) == CUDA_SUCCESS);
+		REQUIRE(cuMemCreate(&h, sizes[b], &prop, 0) == CUDA_SUCCESS);
+		map_one(b, h);
+	}
+	mapped = 1;
+	fill();
+}
+
+/* ---- the shim ---------------------------------------------------------- */
+
+static int shim_connect(int restored)
+{
+	Gpucr__Msg m = GPUCR__MSG__INIT, *rep = NULL;
+	Gpucr__Hello h = GPUCR__HELLO__INIT;
+	int fd, i;
+
+	for (i = 0; i < 300; i++) {
+		fd = sock_connect_unix(sockpath);
+		if (fd >= 0)
+			break;
+		usleep(10000);
+	}
+	REQUIRE(fd >= 0);
+	h.proto_version = 1;
+	h.role = GPUCR__ROLE__ROLE_SHIM;
+	h.comm = "daemon-dump";
+	h.has_control_tid = 1;
+	h.control_tid = (uint32_t)syscall(SYS_gettid);
+	h.has_restored = 1;
+	h.restored = (uint32_t)restored;
+	m.has_id = 1;
+	m.id = 1;
+	m.body_case = GPUCR__MSG__BODY_HELLO;
+	m.hello = &h;
+	REQUIRE(msg_send(fd, &m, NULL, 0) == 0);
+	REQUIRE(msg_recv(fd, &rep, NULL, 0, NULL) == 0);
+	REQUIRE(rep->err == 0);
+	msg_free(rep);
+	return fd;
+}
+
+static void send_buffers(int fd)
+{
+	int b;
+
+	for (b = 0; b < NBUF; b++) {
+		Gpucr__Msg m = GPUCR__MSG__INIT;
+		Gpucr__BufferAdd ba = GPUCR__BUFFER_ADD__INIT;
+		int efd = -1;
+
+		REQUIRE(cuMemExportToShareableHandle(&efd, handles[b], CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0) ==
+			CUDA_SUCCESS);
+		ba.va = va[b];
+		ba.size = sizes[b];
+		ba.device = 0;
+		ba.has_phys_size = 1;
+		ba.phys_size = sizes[b];
+		ba.has_device_uuid = 1;
+		ba.device_uuid.data = uuid;
+		ba.device_uuid.len = 16;
+		m.body_case = GPUCR__MSG__BODY_BUFFER_ADD;
+		m.buffer_add = &ba;
+		REQUIRE(msg_send(fd, &m, &efd, 1) == 0);
+		close(efd);
+	}
+}
+
+static void reply(int fd, uint64_t id, int err)
+{
+	Gpucr__Msg m = GPUCR__MSG__INIT;
+
+	m.has_reply_to = 1;
+	m.reply_to = id;
+	m.has_err = 1;
+	m.err = err;
+	REQUIRE(msg_send(fd, &m, NULL, 0) == 0);
+}
+
+static void *shim_main(void *arg)
+{
+	int fd = shim_connect(0), rfds[FRAME_MAX_FDS];
+
+	(void)arg;
+	send_buffers(fd);
+	while (!shim_quit) {
+		Gpucr__Msg *req = NULL;
+		unsigned nfds = 0, i;
+		int r = msg_recv(fd, &req, rfds, FRAME_MAX_FDS, &nfds);
+
+		if (r < 0) {
+			/* daemon gone: wait to be told to reconnect */
+			close(fd);
+			sem_wait(&reconnect_sem);
+			if (shim_quit)
+				break;
+			fd = shim_connect(1);
+			continue;
+		}
+		switch (req->body_case) {
+		case GPUCR__MSG__BODY_QUIESCE:
+			if (slow_quiesce)
+				usleep(300000);
+			reply(fd, req->id, 0);
+			break;
+		case GPUCR__MSG__BODY_RELEASE: {
+			int b;
+
+			for (b = 0; b < NBUF; b++) {
+				REQUIRE(cuMemUnmap(va[b], sizes[b]) == CUDA_SUCCESS);
+				REQUIRE(cuMemRelease(handles[b]) == CUDA_SUCCESS);
+			}
+			mapped = 0;
+			reply(fd, req->id, 0);
+			close(fd);
+			sem_wait(&reconnect_sem);
+			if (shim_quit)
+				goto out;
+			fd = shim_connect(1);
+			break;
+		}
+		case GPUCR__MSG__BODY_REMAP:
+			REQUIRE(nfds == req->remap->n_buffers);
+			for (i = 0; i < nfds; i++) {
+				CUmemGenericAllocationHandle h;
+				int b;
+
+				for (b = 0; b < NBUF; b++)
+					if (va[b] == req->remap->buffers[i]->va)
+						break;
+				REQUIRE(b < NBUF);
+				REQUIRE(req->remap->buffers[i]->phys_size == sizes[b]);
+				REQUIRE(cuMemImportFromShareableHandle(&h, (void *)(uintptr_t)rfds[i],
+								       CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) ==
+					CUDA_SUCCESS);
+				close(rfds[i]);
+				map_one(b, h);
+			}
+			mapped = 1;
+			reply(fd, req->id, 0);
+			break;
+		case GPUCR__MSG__BODY_RESUME:
+			reply(fd, req->id, 0);
+			sem_post(&resumed_sem);
+			break;
+		default:
+			reply(fd, req->id, -EOPNOTSUPP);
+		}
+		msg_free(req);
+	}
+out:
+	close(fd);
+	return NULL;
+}
+
+/* ---- the daemon and its clients ---------------------------------------- */
+
+static void start_daemon(void)
+{
+	int i, fd;
+
+	daemon_pid = fork();
+	REQUIRE(daemon_pid >= 0);
+	if (daemon_pid == 0) {
+		setenv("GPUCR_DRIVER_LIBCUDA", fake_lib, 1);
+		setenv("GPUCR_CHUNK_KB", "2048", 1);
+		setenv("GPUCR_STAGE_MB", "4", 1);
+		execl(daemon_bin, daemon_bin, "--socket", sockpath, (char *)NULL);
+		_exit(127);
+	}
+	for (i = 0; i < 300; i++) {
+		fd = sock_connect_unix(sockpath);
+		if (fd >= 0) {
+			close(fd);
+			return;
+		}
+		usleep(10000);
+	}
+	REQUIRE(!"daemon did not come up");
+}
+
+static void kill_daemon(void)
+{
+	int status;
+
+	kill(daemon_pid, SIGKILL);
+	waitpid(daemon_pid, &status, 0);
+	unlink(sockpath);
+}
+
+static int cli(void)
+{
+	Gpucr__Msg m = GPUCR__MSG__INIT, *rep = NULL;
+	Gpucr__Hello h = GPUCR__HELLO__INIT;
+	int fd = sock_connect_unix(sockpath);
+
+	REQUIRE(fd >= 0);
+	h.proto_version = 1;
+	h.role = GPUCR__ROLE__ROLE_CLI;
+	m.has_id = 1;
+	m.id = 1;
+	m.body_case = GPUCR__MSG__BODY_HELLO;
+	m.hello = &h;
+	REQUIRE(msg_send(fd, &m, NULL, 0) == 0);
+	REQUIRE(msg_recv(fd, &rep, NULL, 0, NULL) == 0);
+	msg_free(rep);
+	return fd;
+}
+
+static Gpucr__Msg *call(int fd, Gpucr__Msg *m, int pass_fd)
+{
+	static uint64_t id = 100;
+	Gpucr__Msg *rep = NULL;
+
+	m->has_id = 1;
+	m->id = ++id;
+	REQUIRE(msg_send(fd, m, pass_fd >= 0 ? &pass_fd : NULL, pass_fd >= 0 ? 1 : 0) == 0);
+	for (;;) {
+		REQUIRE(msg_recv(fd, &rep, NULL, 0, NULL) == 0);
+		if (rep->reply_to == m->id)
+			return rep;
+		msg_free(rep);
+	}
+}
+
+static pid_t app_pid;
+
+static Gpucr__Msg *dump(int fd, int dirfd)
+{
+	Gpucr__Msg m = GPUCR__MSG__INIT;
+	Gpucr__DumpRequest d = GPUCR__DUMP_REQUEST__INIT;
+
+	d.pid = (uint32_t)app_pid;
+	m.body_case = GPUCR__MSG__BODY_DUMP;
+	m.dump = &d;
+	return call(fd, &m, dirfd);
+}
+
+static Gpucr__Msg *dump_wait(int fd)
+{
+	Gpucr__Msg m = GPUCR__MSG__INIT;
+	Gpucr__DumpWait w = GPUCR__DUMP_WAIT__INIT;
+
+	w.pid = (uint32_t)getpid();
+	m.body_case = GPUCR__MSG__BODY_DUMP_WAIT;
+	m.dump_wait = &w;
+	return call(fd, &m, -1);
+}
+
+static Gpucr__Msg *restore(int fd, int dirfd)
+{
+	Gpucr__Msg m = GPUCR__MSG__INIT;
+	Gpucr__RestoreRequest r = GPUCR__RESTORE_REQUEST__INIT;
+
+	r.pid = (uint32_t)app_pid;
+	m.body_case = GPUCR__MSG__BODY_RESTORE;
+	m.restore = &r;
+	return call(fd, &m, dirfd);
+}
+
+static uint64_t held_bytes(void)
+{
+	struct fakecuda_held h;
+
+	REQUIRE(fakecuda_held_bytes(0, &h) == 0);
+	return h.mapped_bytes + h.fd_bytes;
+}
+
+/* A full dump: returns 0 with the image complete, or the DumpWait error. */
+static int full_dump(int c, int dirfd, char *errmsg, size_t len)
+{
+	Gpucr__Msg *r = dump(c, dirfd);
+	int err;
+
+	REQUIRE(r);
+	if (r->err) {
+		snprintf(errmsg, len, "%s", r->err_msg ? r->err_msg : "");
+		err = r->err;
+		msg_free(r);
+		return err;
+	}
+	CHECK(r->body_case == GPUCR__MSG__BODY_DUMP_REPLY);
+	msg_free(r);
+	/* Released: this process holds no device memory now. */
+	CHECK_EQ_INT(held_bytes(), 0);
+	CHECK(!mapped);
+	r = dump_wait(c);
+	err = r->err;
+	if (err)
+		snprintf(errmsg, len, "%s", r->err_msg ? r->err_msg : "");
+	msg_free(r);
+	return err;
+}
+
+static void restore_and_check(int c, int dirfd, int expect_retained)
+{
+	Gpucr__Msg *r = restore(c, dirfd);
+
+	REQUIRE(r);
+	if (r->err)
+		fprintf(stderr, "restore: %s\n", r->err_msg);
+	REQUIRE(r->err == 0);
+	REQUIRE(r->body_case == GPUCR__MSG__BODY_RESTORE_REPLY);
+	CHECK_EQ_INT(r->restore_reply->from_retained, expect_retained);
+	msg_free(r);
+	sem_post(&reconnect_sem);
+	REQUIRE(sem_wait(&resumed_sem) == 0);
+	CHECK(mapped);
+	CHECK(check_pattern());
+}
+
+static void image_matches(int dirfd)
+{
+	struct gpucr_image *img = NULL;
+	struct img_errbuf eb;
+	uint8_t *buf = malloc(2u << 20);
+	size_t b, c;
+	uint64_t stored = 0;
+
+	if (img_read(dirfd, (uint32_t)getpid(), &img, &eb) != 0) {
+		fprintf(stderr, "image: %s\n", eb.msg);
+		REQUIRE(0);
+	}
+	CHECK_EQ_INT(img->nbuffers, NBUF);
+	for (b = 0; b < img->nbuffers; b++) {
+		const Gpucr__Buffer *ib = img->buffers[b];
+		int k;
+
+		for (k = 0; k < NBUF; k++)
+			if (va[k] == ib->va)
+				break;
+		REQUIRE(k < NBUF);
+		for (c = 0; c < ib->n_chunks; c++) {
+			size_t i;
+
+			REQUIRE(img_read_chunk(img, ib, c, buf, &eb) == 0);
+			for (i = 0; i < ib->chunks[c]->length; i++)
+				if (buf[i] != pattern(k, ib->chunks[c]->offset + i))
+					break;
+			CHECK(i == ib->chunks[c]->length);
+			if (!(ib->chunks[c]->has_zero && ib->chunks[c]->zero))
+				stored += ib->chunks[c]->length;
+		}
+	}
+	/* Buffer 1 has two zero chunks of three: 8 MiB stored of 12. */
+	CHECK_EQ_INT(stored, 8u << 20);
+	CHECK(strcmp(img->hdr->comm, "daemon-dump") == 0);
+	img_free(img);
+	free(buf);
+}
+
+static void corrupt(const char *dir, const char *name, off_t off)
+{
+	char p[512];
+	uint8_t x;
+	int fd;
+
+	snprintf(p, sizeof(p), "%s/%s", dir, name);
+	fd = open(p, O_RDWR);
+	REQUIRE(fd >= 0 && pread(fd, &x, 1, off) == 1);
+	x ^= 0x10;
+	REQUIRE(pwrite(fd, &x, 1, off) == 1);
+	close(fd);
+}
+
+int main(void)
+{
+	char dir[] = "/tmp/gpucr-daemon-dump-XXXXXX", name[64], msg[1024], p[600];
+	pthread_t shim;
+	Gpucr__Msg *r;
+	int dirfd, c, c2, err;
+	ssize_t n;
+
+	app_pid = getpid();
+	n = readlink("/proc/self/exe", daemon_bin, sizeof(daemon_bin) - 32);
+	REQUIRE(n > 0);
+	daemon_bin[n] = 0;
+	*strrchr(daemon_bin, '/') = 0;
+	snprintf(fake_lib, sizeof(fake_lib), "%s/../fakecuda/libcuda.so.1", daemon_bin);
+	strcat(daemon_bin, "/../bin/gpucrd");
+	snprintf(sockpath, sizeof(sockpath), "/tmp/gpucrd-dump-%d.sock", (int)getpid());
+	REQUIRE(mkdtemp(dir));
+	dirfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	sem_init(&reconnect_sem, 0, 0);
+	sem_init(&resumed_sem, 0, 0);
+
+	alloc_all();
+	CHECK(held_bytes() >= (12u << 20));
+	start_daemon();
+	REQUIRE(pthread_create(&shim, NULL, shim_main, NULL) == 0);
+	c = cli();
+	usleep(100000); /* let the shim register its buffers */
+
+	/* 1. dump; the image holds exactly the application's bytes. */
+	err = full_dump(c, dirfd, msg, sizeof(msg));
+	if (err)
+		fprintf(stderr, "dump: %s\n", msg);
+	REQUIRE(err == 0);
+	image_matches(dirfd);
+
+	/* 2. zero-copy restore from the memory gpucrd kept. */
+	restore_and_check(c, dirfd, 1);
+
+	/* 3. a second dump while one runs is refused. */
+	slow_quiesce = 1;
+	c2 = cli();
+	{
+		Gpucr__Msg m = GPUCR__MSG__INIT;
+		Gpucr__DumpRequest d = GPUCR__DUMP_REQUEST__INIT;
+
+		d.pid = (uint32_t)getpid();
+		m.has_id = 1;
+		m.id = 7;
+		m.body_case = GPUCR__MSG__BODY_DUMP;
+		m.dump = &d;
+		REQUIRE(msg_send(c2, &m, &dirfd, 1) == 0);
+		usleep(50000);
+		r = dump(c, dirfd);
+		CHECK_EQ_INT(r->err, -EBUSY);
+		CHECK_CONTAINS(r->err_msg, "already running");
+		msg_free(r);
+		REQUIRE(msg_recv(c2, &r, NULL, 0, NULL) == 0);
+		CHECK_EQ_INT(r->err, 0);
+		msg_free(r);
+		r = dump_wait(c2);
+		CHECK_EQ_INT(r->err, 0);
+		msg_free(r);
+	}
+	slow_quiesce = 0;
+	close(c2);
+
+	/* 4. the daemon restarts: its memory is gone; restore from the image. */
+	kill_daemon();
+	start_daemon();
+	close(c);
+	c = cli();
+	restore_and_check(c, dirfd, 0);
+
+	/* 5. another uid can neither dump nor restore this process. */
+	{
+		pid_t child = fork();
+		int status;
+
+		REQUIRE(child >= 0);
+		if (child == 0) {
+			int cc;
+
+			if (setgid(65534) || setuid(65534))
+				_exit(77);
+			cc = cli();
+			r = dump(cc, dirfd);
+			if (r->err != -ESRCH)
+				_exit(1);
+			msg_free(r);
+			r = restore(cc, dirfd);
+			_exit(r->err == -EPERM ? 0 : 2);
+		}
+		waitpid(child, &status, 0);
+		CHECK(WIFEXITED(status) && (WEXITSTATUS(status) == 0 || WEXITSTATUS(status) == 77));
+	}
+
+	/* 6. a damaged chunk: the restore is refused and says where. */
+	err = full_dump(c, dirfd, msg, sizeof(msg));
+	REQUIRE(err == 0);
+	kill_daemon();
+	start_daemon();
+	close(c);
+	c = cli();
+	img_pages_name(name, sizeof(name), (uint32_t)getpid());
+	/* Buffers are stored in address order; corrupt inside the first. */
+	corrupt(dir, name, IMG_PAGES_HEADER + 12345);
+	r = restore(c, dirfd);
+	CHECK_EQ_INT(r->err, -EBADMSG);
+	CHECK_CONTAINS(r->err_msg, "fingerprint mismatch in chunk 0");
+	msg_free(r);
+	/* 7. a truncated data file is refused before anything is loaded. */
+	snprintf(p, sizeof(p), "%s/%s", dir, name);
+	REQUIRE(truncate(p, 8192) == 0);
+	r = restore(c, dirfd);
+	CHECK_EQ_INT(r->err, -EBADMSG);
+	CHECK_CONTAINS(r->err_msg, "truncated");
+	msg_free(r);
+
+	/* The memory is lost for good now (daemon restarted, image bad):
+	 * end the shim thread. */
+	shim_quit = 1;
+	sem_post(&reconnect_sem);
+	pthread_join(shim, NULL);
+	close(c);
+	kill_daemon();
+	{
+		char cmd[700];
+
+		snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+		REQUIRE(system(cmd) == 0);
+	}
+	return t_done();
+}

@@ -13,3 +13,15 @@ $(CUDA_CHECKPOINT_BIN): bench/cuda-checkpoint.c bench/build.mk
 	@mkdir -p $(@D)
 	$(CC) -std=gnu11 -D_GNU_SOURCE $(CFLAGS) -I$(CUDA_HOME)/include -o $@ $< \
 		$(LDFLAGS) -L$(CUDA_HOME)/lib64/stubs -lcuda
+
+# imgbench: gpucrd's image engine alone on a real GPU (GB/s in and out,
+# fingerprint kernel checked against the CPU definition).
+IMGBENCH_DAEMON_OBJ := $(filter $(BUILD)/daemon/gpu.o $(BUILD)/daemon/imgio.o $(BUILD)/daemon/registry.o \
+	$(BUILD)/gen/daemon/fpkernel_ptx.o,$(DAEMON_OBJ))
+$(BUILD)/bench/imgbench.o: CFLAGS += -Idaemon
+$(BUILD)/bench/imgbench.o: $(PROTO_H)
+$(BUILD)/bin/imgbench: $(BUILD)/bench/imgbench.o $(IMGBENCH_DAEMON_OBJ) $(COMMON_LIB)
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -o $@ $^ $(LDFLAGS) $(STATIC_LIBS)
+
+ALL += $(BUILD)/bin/imgbench

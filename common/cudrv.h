@@ -47,6 +47,7 @@
 	X(cuMemcpyDtoHAsync)                            \
 	X(cuMemcpyHtoDAsync)                            \
 	X(cuMemsetD8)                                   \
+	X(cuMemsetD8Async)                              \
 	X(cuStreamCreate)                               \
 	X(cuStreamDestroy)                              \
 	X(cuStreamSynchronize)                          \

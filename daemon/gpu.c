@@ -266,11 +266,10 @@ static int fingerprint_cpu(struct gpu_dev *dev, CUdeviceptr va, uint64_t len, ui
 int gpu_fingerprint(struct gpu_dev *dev, CUdeviceptr va, uint64_t len, uint64_t chunk, uint64_t *fp,
 		    uint8_t *nonzero)
 {
-	uint64_t nchunks = (len + chunk - 1) / chunk, i;
+	uint64_t nchunks = (len + chunk - 1) / chunk, i, c0;
 	CUdeviceptr dfp = 0, dnz = 0;
-	uint64_t *hnz = NULL;
+	uint64_t *hfp = NULL, *hnz = NULL;
 	void *args[5];
-	unsigned gx;
 	int r;
 
 	if (!len)
@@ -278,37 +277,51 @@ int gpu_fingerprint(struct gpu_dev *dev, CUdeviceptr va, uint64_t len, uint64_t 
 	r = gpu_use(dev);
 	if (r)
 		return r;
-	if (!dev->fp_fn || chunk % 8 || nchunks > 65535)
+	if (!dev->fp_fn || chunk % 8) {
+		if (!fp || !nonzero)
+			return 0;
 		return fingerprint_cpu(dev, va, len, chunk, fp, nonzero);
+	}
 	r = CU(cuMemAlloc(&dfp, nchunks * 8 * 2));
 	if (r)
 		return r;
 	dnz = dfp + nchunks * 8;
+	hfp = malloc(nchunks * 8);
 	hnz = malloc(nchunks * 8);
-	if (!hnz) {
+	if (!hfp || !hnz) {
+		free(hfp);
+		free(hnz);
 		drv->cuMemFree(dfp);
 		return -ENOMEM;
 	}
-	r = CU(cuMemsetD8(dfp, 0, nchunks * 8 * 2));
-	args[0] = &va;
-	args[1] = &len;
-	args[2] = &chunk;
-	args[3] = &dfp;
-	args[4] = &dnz;
-	/* Enough blocks per chunk to fill the GPU for small chunk counts. */
-	gx = nchunks >= 1024 ? 4 : (unsigned)(4096 / nchunks + 1);
-	if (!r)
-		r = CU(cuLaunchKernel(dev->fp_fn, gx, (unsigned)nchunks, 1, 256, 1, 1, 0,
-				      dev->streams[0], args, NULL));
+	r = CU(cuMemsetD8Async(dfp, 0, nchunks * 8 * 2, dev->streams[0]));
+	/* One launch per 65535 chunks (the grid's y limit). */
+	for (c0 = 0; c0 < nchunks && !r; c0 += 65535) {
+		uint64_t n = nchunks - c0 < 65535 ? nchunks - c0 : 65535;
+		CUdeviceptr base = va + c0 * chunk, ofp = dfp + c0 * 8, onz = dnz + c0 * 8;
+		uint64_t blen = len - c0 * chunk < n * chunk ? len - c0 * chunk : n * chunk;
+		/* Enough blocks per chunk to fill the GPU for few chunks. */
+		unsigned gx = n >= 1024 ? 4 : (unsigned)(4096 / n + 1);
+
+		args[0] = &base;
+		args[1] = &blen;
+		args[2] = &chunk;
+		args[3] = &ofp;
+		args[4] = &onz;
+		r = CU(cuLaunchKernel(dev->fp_fn, gx, (unsigned)n, 1, 256, 1, 1, 0, dev->streams[0], args, NULL));
+	}
 	if (!r)
 		r = CU(cuStreamSynchronize(dev->streams[0]));
 	if (!r)
-		r = CU(cuMemcpyDtoH(fp, dfp, nchunks * 8));
+		r = CU(cuMemcpyDtoH(hfp, dfp, nchunks * 8));
 	if (!r)
 		r = CU(cuMemcpyDtoH(hnz, dnz, nchunks * 8));
-	if (!r)
-		for (i = 0; i < nchunks; i++)
+	if (!r && fp && nonzero)
+		for (i = 0; i < nchunks; i++) {
+			fp[i] = hfp[i];
 			nonzero[i] = hnz[i] != 0;
+		}
+	free(hfp);
 	free(hnz);
 	drv->cuMemFree(dfp);
 	return r;

@@ -29,7 +29,7 @@ rm -rf "$out" "$out.tar.gz"
 mkdir -p "$out"/{bin,libexec/criu,lib/gpucr,lib/criu,lib/criu-stock,lib/criu-deps,share/gpucr}
 
 # gpucr's own programs and libraries (whatever the build produced).
-for f in gpucr gpucrd cuda-checkpoint; do
+for f in gpucr gpucrd cuda-checkpoint imgbench; do
 	[ -x "$BUILD/bin/$f" ] && install -m 0755 "$BUILD/bin/$f" "$out/bin/$f"
 done
 [ -f "$BUILD/lib/gpucr/libcuda.so.1" ] && install -m 0755 "$BUILD/lib/gpucr/libcuda.so.1" "$out/lib/gpucr/"

@@ -259,16 +259,21 @@ out:
 
 /* ---- the daemon and its clients ---------------------------------------- */
 
+/* Each daemon start alternates the image engine: both get exercised. */
+static int starts;
+
 static void start_daemon(void)
 {
 	int i, fd;
 
+	starts++;
 	daemon_pid = fork();
 	REQUIRE(daemon_pid >= 0);
 	if (daemon_pid == 0) {
 		setenv("GPUCR_DRIVER_LIBCUDA", fake_lib, 1);
 		setenv("GPUCR_CHUNK_KB", "2048", 1);
 		setenv("GPUCR_STAGE_MB", "4", 1);
+		setenv("GPUCR_IO_ENGINE", starts % 2 ? "mapped" : "uring", 1);
 		execl(daemon_bin, daemon_bin, "--socket", sockpath, (char *)NULL);
 		_exit(127);
 	}

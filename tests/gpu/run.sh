@@ -86,8 +86,54 @@ for g in ${SIZES:-1 4}; do
 	fi
 done
 
+# -- the driver shim: same results as without it
+SHIM_ENV="LD_LIBRARY_PATH=$B/lib/gpucr${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} GPUCR_DAEMON=0"
+g=1
+if env $SHIM_ENV "$B/tests/gpu/cuda-prog" --gib $g --steps "$STEPS" --step-ms 0 --out "$WORK/shim-$g.log" 2>"$WORK/shim.err" &&
+	cmp -s "$WORK/shim-$g.log" "$WORK/ref-$g.log"; then
+	result shim-cuda-prog "${g}GiB" PASS "output identical to the run without the shim"
+else
+	result shim-cuda-prog "${g}GiB" FAIL "$(tail -2 "$WORK/shim.err" | tr '\n' ' ') $(cmp "$WORK/shim-$g.log" "$WORK/ref-$g.log" 2>&1 | head -1)"
+fi
+if python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
+	TT=$B/share/gpucr/tests/gpu/torch_train.py
+	for variant in plain expandable compile; do
+		extra=() envx=()
+		case $variant in
+		expandable) envx=(PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True) ;;
+		compile) extra=(--compile) ;;
+		esac
+		env "${envx[@]}" python3 "$TT" --steps 12 --out "$WORK/tt-ref-$variant.log" "${extra[@]}" >"$WORK/tt-ref.err" 2>&1
+		t0=$(now)
+		env "${envx[@]}" $SHIM_ENV python3 "$TT" --steps 12 --out "$WORK/tt-shim-$variant.log" "${extra[@]}" >"$WORK/tt-shim.err" 2>&1
+		rc=$?
+		t1=$(now)
+		if [ $rc = 0 ] && grep -q done "$WORK/tt-ref-$variant.log" && cmp -s "$WORK/tt-ref-$variant.log" "$WORK/tt-shim-$variant.log"; then
+			result "shim-torch-train-$variant" - PASS "12 steps, loss sequence bit-identical ($(elapsed $t0 $t1)s)"
+		else
+			result "shim-torch-train-$variant" - FAIL "rc $rc; $(tail -3 "$WORK/tt-shim.err" | tr '\n' ' ')"
+		fi
+	done
+else
+	result shim-torch-train - SKIP "no PyTorch with CUDA here"
+fi
+
+# -- gpucrd's image engine alone: GPU memory -> image -> GPU memory
+for g in ${IMG_SIZES:-16}; do
+	mkdir -p "$WORK/imgbench"
+	if out=$("$B/bin/imgbench" --gib "$g" --dir "$WORK/imgbench" 2>&1); then
+		w=$(echo "$out" | grep '^write' | grep -o '[0-9.]* GB/s' | head -1)
+		rd=$(echo "$out" | grep '^read' | grep -o '[0-9.]* GB/s' | head -1)
+		result imgbench-tmpfs "${g}GiB" PASS "GPU->image $w, image->GPU+verify $rd"
+		echo "$out" | sed 's/^/    /'
+	else
+		result imgbench-tmpfs "${g}GiB" FAIL "$(echo "$out" | tail -2 | tr '\n' ' ')"
+	fi
+	rm -rf "$WORK/imgbench"
+done
+
 # -- gpucr's own C/R: needs the shim, the daemon's dump path and the plugin
-if [ -f "$B/lib/criu/gpucr_plugin.so" ]; then
+if [ -f "$B/lib/criu/gpucr_plugin.so" ] && [ -z "${SKIP_GPUCR_CR:-}" ]; then
 	for g in ${SIZES:-1 4}; do
 		if r=$(cr_cycle_cuda_prog gpucr "$g" 10 "$WORK/ref-$g.log" "$STEPS"); then
 			set -- $r

@@ -38,3 +38,11 @@ $(BUILD)/tests/daemon-dump: $(BUILD)/tests/e2e/daemon-dump.o $(COMMON_LIB) $(BUI
 		-lcuda -lpthread -ldl
 
 TESTS += $(BUILD)/tests/daemon-dump
+
+# The CUDA application of the end-to-end C/R tests on the test driver.
+$(BUILD)/tests/e2e/fake-app.o: CFLAGS += -Itests/fakecuda
+$(BUILD)/tests/e2e-fake-app: $(BUILD)/tests/e2e/fake-app.o $(BUILD)/fakecuda/libcuda.so.1
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -o $@ $< $(LDFLAGS) -L$(BUILD)/fakecuda -lcuda -ldl
+
+ALL += $(BUILD)/tests/e2e-fake-app

@@ -27,36 +27,69 @@ wait_gone() { # pid, max seconds
 	return 1
 }
 
-# A C/R cycle of cuda-prog through CRIU with the plugin dir $1 ("stock" or
-# "gpucr"): run, dump at step $3, kill, restore, let it finish; compares the
-# output with the reference $4. Prints "dump_s restore_s image_bytes" on
-# success, a reason on failure (status 1). $2 = GiB, $5 = steps.
+# Starts a private gpucrd on $WORK/gpucrd.sock (log $WORK/gpucrd.log).
+start_gpucrd() {
+	export GPUCR_SOCKET=$WORK/gpucrd.sock
+	setsid "$B/bin/gpucrd" --socket "$GPUCR_SOCKET" --log "$WORK/gpucrd.log" </dev/null >/dev/null 2>&1 &
+	GPUCRD_PID=$!
+	local i
+	for ((i = 0; i < 200; i++)); do
+		[ -S "$GPUCR_SOCKET" ] && return 0
+		sleep 0.05
+	done
+	return 1
+}
+
+stop_gpucrd() {
+	pkill -f "gpucrd --socket $GPUCR_SOCKET" 2>/dev/null
+	GPUCRD_PID=
+}
+
+# A C/R cycle of cuda-prog through CRIU: $1 mode: "stock" (CRIU + its cuda
+# plugin), "gpucr" (under gpucr run, restored from retained memory) or
+# "gpucr-image" (gpucrd restarted between dump and restore: from the image).
+# Runs, dumps at step $3, kills, restores, lets it finish; compares the
+# output with the reference $4. $2 = GiB, $5 = steps. On success prints
+# "dump_s restore_s first_step_s image_bytes", on failure a reason (status 1).
 cr_cycle_cuda_prog() {
 	local mode=$1 gib=$2 at=$3 ref=$4 steps=$5 dir=$WORK/cr-$1-$2
-	local libdir
+	local libdir run_prefix=""
 	case $mode in
 	stock) libdir=$B/lib/criu-stock ;;
-	gpucr) libdir=$B/lib/criu ;;
+	gpucr | gpucr-image)
+		libdir=$B/lib/criu
+		run_prefix="$B/bin/gpucr run --socket $GPUCR_SOCKET --"
+		;;
 	esac
 	rm -rf "$dir"
 	mkdir -p "$dir/img"
 	cat >"$dir/flow.sh" <<FLOW
 set -u
-export CRIU_LIBS_DIR=$libdir PATH=$B/bin:\$PATH
-setsid $B/tests/gpu/cuda-prog --gib $gib --steps $steps --step-ms 50 --out $dir/out.log </dev/null >$dir/prog.log 2>&1 &
-pid=\$!
+export CRIU_LIBS_DIR=$libdir PATH=$B/bin:\$PATH B=$B WORK=$WORK GPUCR_SOCKET=${GPUCR_SOCKET:-}
 . $B/share/gpucr/tests/gpu/lib.sh
+setsid $run_prefix $B/tests/gpu/cuda-prog --gib $gib --steps $steps --step-ms 50 --out $dir/out.log </dev/null >$dir/prog.log 2>&1 &
+pid=\$!
 wait_step $dir/out.log $at 300 || { echo "never reached step $at"; exit 1; }
 t0=\$(now)
-criu dump -t \$pid -D $dir/img -o dump.log -v4 || { echo "dump failed:"; grep -E 'Error|error' $dir/img/dump.log | tail -5; exit 1; }
+criu dump -t \$pid -D $dir/img -o dump.log -v4 || { echo "dump failed:"; grep -E 'Error|error|gpucr' $dir/img/dump.log | tail -5; exit 1; }
 t1=\$(now)
 wait \$pid 2>/dev/null
+last=\$(awk '\$1 == "step" { n = \$2 } END { print n + 0 }' $dir/out.log)
+if [ $mode = gpucr-image ]; then stop_gpucrd_in_flow; fi
 t2=\$(now)
-criu restore -D $dir/img -o restore.log -v4 -d || { echo "restore failed:"; grep -E 'Error|error' $dir/img/restore.log | tail -5; exit 1; }
+criu restore -D $dir/img -o restore.log -v4 -d || { echo "restore failed:"; grep -E 'Error|error|gpucr' $dir/img/restore.log | tail -5; exit 1; }
 t3=\$(now)
+wait_step $dir/out.log \$((last + 1)) 300
+t4=\$(now)
 wait_gone \$pid 600 || { echo "restored process did not finish"; exit 1; }
-echo "\$(elapsed \$t0 \$t1) \$(elapsed \$t2 \$t3) \$(du -sb $dir/img | cut -f1)" >$dir/figures
+echo "\$(elapsed \$t0 \$t1) \$(elapsed \$t2 \$t3) \$(elapsed \$t2 \$t4) \$(du -sb $dir/img | cut -f1)" >$dir/figures
 FLOW
+	if [ $mode = gpucr-image ]; then
+		# restart the daemon: the memory it kept is gone, the image remains
+		printf 'stop_gpucrd_in_flow() { pkill -f "gpucrd --socket %s"; sleep 0.5; setsid %s --socket %s --log %s </dev/null >/dev/null 2>&1 & for i in $(seq 1 100); do [ -S %s ] && break; sleep 0.05; done; }\n' \
+			"$GPUCR_SOCKET" "$B/bin/gpucrd" "$GPUCR_SOCKET" "$WORK/gpucrd.log" "$GPUCR_SOCKET" |
+			cat - "$dir/flow.sh" >"$dir/flow2.sh" && mv "$dir/flow2.sh" "$dir/flow.sh"
+	fi
 	if ! "$B/tests/e2e-subreaper" bash "$dir/flow.sh" >"$dir/flow.log" 2>&1; then
 		tail -5 "$dir/flow.log"
 		return 1

@@ -80,7 +80,7 @@ fi
 for g in ${SIZES:-1 4}; do
 	if r=$(cr_cycle_cuda_prog stock "$g" 10 "$WORK/ref-$g.log" "$STEPS"); then
 		set -- $r
-		result stock-criu-cuda-prog "${g}GiB" PASS "dump ${1}s restore ${2}s image $(($3 / 1048576)) MiB, output identical"
+		result stock-criu-cuda-prog "${g}GiB" PASS "dump ${1}s restore ${2}s (first step ${3}s) image $(($4 / 1048576)) MiB, output identical"
 	else
 		result stock-criu-cuda-prog "${g}GiB" FAIL "$r"
 	fi
@@ -134,14 +134,19 @@ done
 
 # -- gpucr's own C/R: needs the shim, the daemon's dump path and the plugin
 if [ -f "$B/lib/criu/gpucr_plugin.so" ] && [ -z "${SKIP_GPUCR_CR:-}" ]; then
+	start_gpucrd || result gpucrd-start - FAIL "gpucrd did not start: $(tail -3 "$WORK/gpucrd.log")"
 	for g in ${SIZES:-1 4}; do
-		if r=$(cr_cycle_cuda_prog gpucr "$g" 10 "$WORK/ref-$g.log" "$STEPS"); then
-			set -- $r
-			result gpucr-criu-cuda-prog "${g}GiB" PASS "dump ${1}s restore ${2}s image $(($3 / 1048576)) MiB"
-		else
-			result gpucr-criu-cuda-prog "${g}GiB" FAIL "$r"
-		fi
+		for mode in gpucr gpucr-image; do
+			if r=$(cr_cycle_cuda_prog $mode "$g" 10 "$WORK/ref-$g.log" "$STEPS"); then
+				set -- $r
+				result "$mode-criu-cuda-prog" "${g}GiB" PASS "dump ${1}s restore ${2}s (first step ${3}s) image $(($4 / 1048576)) MiB, output identical"
+			else
+				result "$mode-criu-cuda-prog" "${g}GiB" FAIL "$r"
+				tail -15 "$WORK/gpucrd.log" | sed 's/^/    gpucrd| /'
+			fi
+		done
 	done
+	stop_gpucrd
 else
 	result gpucr-criu-cuda-prog - SKIP "gpucr's CRIU plugin is not in this build yet"
 fi

@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# `make bench` (on a GPU host, from the bundle): gpucr side by side with the
+# stock path (CRIU 4.1.1 + its cuda plugin + bench/cuda-checkpoint), in the
+# same run, on the same workload (tests/gpu/cuda-prog.cu):
+#   dump time (the process is frozen, then killed: its downtime), restore
+#   time, time to the first step after the restore, image size; gpucr also
+#   from its image after a daemon restart; steady-state step time with and
+#   without gpucr's shim (the CUDA program and PyTorch training).
+# Writes RESULTS_DIR/<date>-<gpu>.{log,json,md,png} (default bench-results/).
+set -u
+here=$(cd "$(dirname "$0")" && pwd)
+if [ -z "${B:-}" ]; then
+	if [ -x "$here/../../../bin/criu" ]; then B=$(cd "$here/../../.." && pwd); else
+		B=$(ls -d "$here"/../build/bundle/gpucr-*/ 2>/dev/null | head -1); B=${B%/}; fi
+fi
+[ -n "$B" ] && [ -x "$B/bin/criu" ] || { echo "no bundle found: run 'make bundle' first"; exit 1; }
+nvidia-smi -L >/dev/null 2>&1 || { echo "bench: no NVIDIA GPU here"; exit 77; }
+WORK=${WORK:-/dev/shm/gpucr-bench}
+RESULTS_DIR=${RESULTS_DIR:-bench-results}
+rm -rf "$WORK"
+mkdir -p "$WORK" "$RESULTS_DIR"
+export B WORK PATH="$B/bin:$PATH"
+. "$B/share/gpucr/tests/gpu/lib.sh"
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr ' ' '-' | tr -cd 'A-Za-z0-9-')
+stamp=$(date -u +%F)
+base=$RESULTS_DIR/$stamp-$gpu
+log=$base.log
+STEPS=${STEPS:-30}
+{
+	echo "# gpucr bench $(date -u +%FT%TZ)"
+	echo "# host: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | head -1); $(nproc) CPUs; $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo); kernel $(uname -r)"
+	echo "# command: B=$B bash $B/share/gpucr/bench/run.sh (SIZES='${SIZES:-1 4 16}', STEPS=$STEPS)"
+	echo "# workload: cuda-prog, 16 buffers, 4 streams, dumped at step 10 of $STEPS; images on $WORK (tmpfs)"
+} >"$log"
+emit() { echo "BENCH $*" | tee -a "$log"; }
+
+start_gpucrd || { echo "gpucrd did not start"; exit 1; }
+for g in ${SIZES:-1 4 16}; do
+	"$B/tests/gpu/cuda-prog" --gib "$g" --steps "$STEPS" --step-ms 50 --out "$WORK/ref-$g.log" || continue
+	for sys in stock gpucr gpucr-image; do
+		if r=$(cr_cycle_cuda_prog "$sys" "$g" 10 "$WORK/ref-$g.log" "$STEPS"); then
+			set -- $r
+			emit "system=$sys gib=$g ok=1 dump_s=$1 restore_s=$2 first_step_s=$3 image_bytes=$4"
+		else
+			emit "system=$sys gib=$g ok=0 reason=\"$(echo "$r" | tr '\n"' ' ')\""
+		fi
+	done
+done
+stop_gpucrd
+
+# Steady state: the same programs with and without the shim.
+SHIM="LD_LIBRARY_PATH=$B/lib/gpucr GPUCR_DAEMON=0"
+for shim in 0 1; do
+	envx=()
+	[ $shim = 1 ] && envx=(LD_LIBRARY_PATH=$B/lib/gpucr GPUCR_DAEMON=0)
+	t0=$(now)
+	env "${envx[@]}" "$B/tests/gpu/cuda-prog" --gib 4 --steps 200 --step-ms 0 --out "$WORK/steady.log"
+	t1=$(now)
+	emit "steady=cuda-prog shim=$shim steps=200 seconds=$(elapsed $t0 $t1)"
+	if python3 -c 'import torch' 2>/dev/null; then
+		t0=$(now)
+		env "${envx[@]}" python3 "$B/share/gpucr/tests/gpu/torch_train.py" --steps 40 --out "$WORK/tt.log" >/dev/null 2>&1
+		t1=$(now)
+		emit "steady=torch-train shim=$shim steps=40 seconds=$(elapsed $t0 $t1)"
+	fi
+done
+: "$SHIM"
+python3 "$B/share/gpucr/bench/report.py" "$log" "$base" && echo "results: $base.{log,json,md,png}"
+rm -rf "$WORK"

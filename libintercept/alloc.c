@@ -9,10 +9,12 @@
  * use. */
 #include <pthread.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "alloc.h"
 #include "buftab.h"
+#include "gate.h"
 #include "real.h"
 #include "slab.h"
 #include "vmm.h"
@@ -271,6 +273,7 @@ static CUresult alloc_sync(CUdeviceptr *dptr, size_t bytesize)
 SHIM_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
 {
 	SHIM_KEEP_ERRNO;
+	GATE_COUNTED;
 
 	real_ensure();
 	if (!real.cuMemAlloc_v2 || !real.cuCtxGetDevice)
@@ -285,6 +288,7 @@ SHIM_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_
 					size_t Height, unsigned int ElementSizeBytes)
 {
 	SHIM_KEEP_ERRNO;
+	GATE_COUNTED;
 	size_t pitch;
 	CUresult r;
 
@@ -307,6 +311,7 @@ SHIM_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_
 SHIM_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
 {
 	SHIM_KEEP_ERRNO;
+	GATE_COUNTED;
 	struct buf b;
 	CUresult r;
 
@@ -339,6 +344,7 @@ SHIM_EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, 
 	SHIM_KEEP_ERRNO;
 	struct buf b;
 
+	gate_pass();
 	real_ensure();
 	if (!real.cuMemGetAddressRange_v2)
 		return real_absent("cuMemGetAddressRange_v2");
@@ -354,6 +360,7 @@ SHIM_EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, 
 SHIM_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags)
 {
 	SHIM_KEEP_ERRNO;
+	GATE_COUNTED;
 	CUresult r;
 
 	real_ensure();
@@ -424,4 +431,37 @@ int alloc_remap_all(const struct alloc_chunk_fd *chunks, size_t count)
 	err = vmm_remap_all(chunks, count);
 	pthread_mutex_unlock(&alloc_lock);
 	return err;
+}
+
+int alloc_collect(struct alloc_changes *ret)
+{
+	int err;
+
+	memset(ret, 0, sizeof(*ret));
+	pthread_mutex_lock(&alloc_lock);
+	reap_locked(false);
+	err = vmm_collect(ret);
+	pthread_mutex_unlock(&alloc_lock);
+	return err;
+}
+
+void alloc_changes_free(struct alloc_changes *c)
+{
+	size_t i;
+
+	if (!c)
+		return;
+	for (i = 0; i < c->nadded; i++)
+		if (c->added[i].fd >= 0)
+			close(c->added[i].fd);
+	free(c->added);
+	free(c->freed);
+	memset(c, 0, sizeof(*c));
+}
+
+void alloc_forget_reports(void)
+{
+	pthread_mutex_lock(&alloc_lock);
+	vmm_forget_reports();
+	pthread_mutex_unlock(&alloc_lock);
 }

@@ -59,12 +59,16 @@ CUresult alloc_err_to_cu(int err) SHIM_HIDDEN;
 /* ---- for the control thread (dump / restore) ------------------------------ */
 
 /* One physical chunk of gpucr-owned device memory: where it is mapped, and a
- * POSIX fd for its physical memory. */
+ * POSIX fd for its physical memory. For alloc_remap_all() only va, size and
+ * fd matter. */
 struct alloc_chunk_fd {
 	CUdeviceptr va;
 	size_t size;
 	int device;
 	int fd;
+	bool slab;               /* the chunk is a slab of small allocations */
+	CUdeviceptr reserve_va;  /* the VA reservation (region) holding it */
+	size_t reserve_size;
 };
 
 /* Exports every mapped chunk as an fd (O_CLOEXEC). On success *ret_chunks is a
@@ -84,7 +88,8 @@ int alloc_release_all(void) SHIM_HIDDEN;
 /* Maps every released chunk back at its old address: the fd whose va (and
  * size) match is imported (fds stay the caller's: not closed, not kept), or
  * the old handle is reused where releasing it had failed. Access is granted
- * to the owning device as before. Returns 0 when every chunk is mapped
+ * to the owning device as before. A chunk imported from an fd counts as
+ * reported (whoever gave the fd knows it). Returns 0 when every chunk is mapped
  * again, -ENOENT when some had no fd (the others are mapped), -EINVAL for a
  * size mismatch, or the first driver error (stopping there). */
 int alloc_remap_all(const struct alloc_chunk_fd *chunks, size_t count) SHIM_HIDDEN;
@@ -92,5 +97,26 @@ int alloc_remap_all(const struct alloc_chunk_fd *chunks, size_t count) SHIM_HIDD
 /* How many chunks gpucr owns, and (ret_mapped, may be NULL) how many are
  * mapped now. */
 size_t alloc_chunk_count(size_t *ret_mapped) SHIM_HIDDEN;
+
+/* What changed since the daemon was last told: chunks created (exported,
+ * fds O_CLOEXEC, in address order) and the addresses of reported chunks
+ * destroyed since, in the order they went. Both arrays are malloc'd (NULL
+ * when empty) and the caller's, with the fds; alloc_changes_free() closes
+ * the fds not yet taken (set to -1 when taken) and frees the arrays. */
+struct alloc_changes {
+	struct alloc_chunk_fd *added;
+	size_t nadded;
+	CUdeviceptr *freed;
+	size_t nfreed;
+};
+
+/* Exports the mapped chunks not yet reported and marks them reported; takes
+ * the list of reported chunks destroyed since the last call. Chunks created
+ * or destroyed later ring vmm_changed() again. */
+int alloc_collect(struct alloc_changes *ret) SHIM_HIDDEN;
+void alloc_changes_free(struct alloc_changes *c) SHIM_HIDDEN;
+/* Forgets what was reported (a new daemon connection starts from nothing):
+ * the next alloc_collect() reports every mapped chunk and no frees. */
+void alloc_forget_reports(void) SHIM_HIDDEN;
 
 #endif

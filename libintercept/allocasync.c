@@ -12,6 +12,7 @@
  * uses it, and a graph may be replayed any number of times). */
 #include "alloc.h"
 #include "buftab.h"
+#include "gate.h"
 #include "real.h"
 
 /* 1 capturing, 0 not, -1 the stream cannot be asked (the driver will say
@@ -101,6 +102,7 @@ static void record_driver_async(CUresult r, CUdeviceptr *dptr, size_t bytesize, 
 SHIM_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
 {
 	SHIM_KEEP_ERRNO;
+	GATE_COUNTED;
 	CUresult r;
 
 	real_ensure();
@@ -116,6 +118,7 @@ SHIM_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstrea
 SHIM_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
 {
 	SHIM_KEEP_ERRNO;
+	GATE_COUNTED;
 	CUresult r;
 
 	real_ensure();
@@ -132,6 +135,7 @@ SHIM_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize,
 					     CUstream hStream)
 {
 	SHIM_KEEP_ERRNO;
+	GATE_COUNTED;
 	CUresult r;
 
 	real_ensure();
@@ -148,6 +152,7 @@ SHIM_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t byte
 						  CUmemoryPool pool, CUstream hStream)
 {
 	SHIM_KEEP_ERRNO;
+	GATE_COUNTED;
 	CUresult r;
 
 	real_ensure();
@@ -223,6 +228,7 @@ static void forget_driver(CUresult r, CUdeviceptr dptr)
 SHIM_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream)
 {
 	SHIM_KEEP_ERRNO;
+	GATE_COUNTED;
 	bool forward;
 	CUresult r;
 
@@ -240,6 +246,7 @@ SHIM_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream)
 SHIM_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream)
 {
 	SHIM_KEEP_ERRNO;
+	GATE_COUNTED;
 	bool forward;
 	CUresult r;
 

@@ -3,7 +3,8 @@
 #
 # The forwarding layer is generated from the toolkit's stub driver, which
 # exports the same names as the real one (gen-forward.sh); wrapped.list names
-# the symbols implemented in C. The link keeps exactly the driver's names
+# the symbols implemented in C, ungated.list the forwarded ones that do not
+# test the gate (gate.h). The link keeps exactly the driver's names
 # (version script) and check-exports.sh verifies it.
 #
 # Tests (unit-shim-*) run against the fake driver: each sets
@@ -11,8 +12,10 @@
 # environment already names a driver, before its first CUDA call (the shim
 # loads the driver on first use), and skips (77) when the fake is not built.
 # unit-shim-alloc, -procaddr, -forward and -self link the shim as installed;
-# unit-shim-remap and -buftab link its objects (libintercept.a) to reach the
-# internal API (alloc.h, buftab.h).
+# unit-shim-control and -control-drop too, with common/ for the fake gpucrd
+# they run (tests/unit/fakegpucrd.h); unit-shim-remap, -buftab and -gate link
+# its objects (libintercept.a) to reach the internal API (alloc.h, buftab.h,
+# gate.h).
 
 SHIM_STUB ?= $(CUDA_HOME)/lib64/stubs/libcuda.so
 SHIM_GEN := $(BUILD)/gen/libintercept
@@ -32,9 +35,11 @@ SHIM_LDFLAGS = -shared -Wl,-soname,libcuda.so.1 -Wl,--version-script=$(SHIM_GEN)
 	-Wl,-z,defs -Wl,-z,now -Wl,-Bsymbolic $(LDFLAGS)
 SHIM_LIBS := -ldl -lpthread
 
-$(SHIM_GEN_FILES) &: libintercept/gen-forward.sh libintercept/wrapped.list $(SHIM_STUB)
+$(SHIM_GEN_FILES) &: libintercept/gen-forward.sh libintercept/wrapped.list libintercept/ungated.list \
+		$(SHIM_STUB)
 	@mkdir -p $(SHIM_GEN)
-	sh libintercept/gen-forward.sh $(SHIM_STUB) libintercept/wrapped.list $(SHIM_GEN)
+	sh libintercept/gen-forward.sh $(SHIM_STUB) libintercept/wrapped.list $(SHIM_GEN) \
+		libintercept/ungated.list
 
 $(SHIM_SRC:libintercept/%.c=$(SHIM_OBJDIR)/%.o): $(SHIM_OBJDIR)/%.o: libintercept/%.c $(SHIM_GEN)/fwd_gen.h
 	@mkdir -p $(@D)
@@ -67,8 +72,10 @@ ALL += $(SHIM_LIB)
 
 # ---- tests ----------------------------------------------------------------
 SHIM_TESTS_SO := forward procaddr alloc self
-SHIM_TESTS_AR := remap buftab
-SHIM_TEST_BIN := $(SHIM_TESTS_SO:%=$(BUILD)/tests/unit-shim-%) $(SHIM_TESTS_AR:%=$(BUILD)/tests/unit-shim-%)
+SHIM_TESTS_SOC := control control-drop
+SHIM_TESTS_AR := remap buftab gate
+SHIM_TEST_BIN := $(SHIM_TESTS_SO:%=$(BUILD)/tests/unit-shim-%) $(SHIM_TESTS_AR:%=$(BUILD)/tests/unit-shim-%) \
+	$(SHIM_TESTS_SOC:%=$(BUILD)/tests/unit-shim-%)
 
 SHIM_TEST_CFLAGS = $(CFLAGS) -Itests/unit -Itests/fakecuda -Ilibintercept -I$(SHIM_GEN) \
 	-DFAKECUDA_LIB=\"$(abspath $(BUILD))/fakecuda/libcuda.so.1\" \
@@ -80,6 +87,14 @@ $(SHIM_TESTS_SO:%=$(BUILD)/tests/unit-shim-%): $(BUILD)/tests/unit-shim-%: tests
 		$(SHIM_LIB) | $(SHIM_TEST_FAKE)
 	@mkdir -p $(@D)
 	$(CC) $(SHIM_TEST_CFLAGS) -o $@ $< $(SHIM_LIB) -Wl,-rpath,$(abspath $(BUILD))/lib/gpucr \
+		$(LDFLAGS) -ldl -lpthread
+
+# Linked against the shim as installed, plus common/ for a fake daemon
+# (tests/unit/fakegpucrd.h); the shim's own copy of common/ stays hidden.
+$(SHIM_TESTS_SOC:%=$(BUILD)/tests/unit-shim-%): $(BUILD)/tests/unit-shim-%: tests/unit/test-shim-%.c \
+		tests/unit/fakegpucrd.h $(SHIM_LIB) $(COMMON_LIB) | $(SHIM_TEST_FAKE)
+	@mkdir -p $(@D)
+	$(CC) $(SHIM_TEST_CFLAGS) -o $@ $< $(SHIM_LIB) $(COMMON_LIB) -Wl,-rpath,$(abspath $(BUILD))/lib/gpucr \
 		$(LDFLAGS) -ldl -lpthread
 
 # Built from the archive: the internal API is hidden in the shared object.

@@ -1,23 +1,29 @@
-/* First call of a forwarded driver function: resolve it, then jump to it.
+/* The slow paths of the generated trampolines: the first call of a forwarded
+ * driver function (fwd_lazy_common) and a call that finds the gate closed
+ * (fwd_gate_common).
  *
- * Each generated lazy stub pushes its index and jumps here. The caller's
- * argument registers (rdi, rsi, rdx, rcx, r8, r9, xmm0-7), %rax (%al counts
- * vector registers in a varargs call) and %r10 (static chain) are saved
- * around fwd_resolve(index), which loads the real driver if needed, stores
- * the target into fwd_table[index] and returns it; then the registers are
- * restored and the call continues at the target as if it had been called
- * directly, with the caller's return address on top of the stack. */
+ * A lazy stub pushes its index and jumps to fwd_lazy_common; a trampoline
+ * that finds the gate closed pushes its index and jumps to
+ * fwd_gate_common. Both save the caller's argument registers (rdi, rsi,
+ * rdx, rcx, r8, r9, xmm0-7), %rax (%al counts vector registers in a varargs
+ * call) and %r10 (static chain) around a C function of the index:
+ * fwd_resolve(index) loads the real driver if needed, stores the target
+ * into fwd_table[index] and returns it; gate_slow_fwd(index) waits until
+ * the gate opens and returns fwd_table[index] (a lazy stub still, or the
+ * driver's function). Then the registers are restored and the call
+ * continues at what was returned as if it had been called directly, with
+ * the caller's return address on top of the stack. */
 #if !defined(__x86_64__)
 #error "gpucr shim trampolines are written for x86-64"
 #endif
 
-	.text
-	.globl fwd_lazy_common
-	.hidden fwd_lazy_common
-	.type fwd_lazy_common, @function
+/* On entry: (%rsp) = index, 8(%rsp) = caller's return address. */
+.macro SLOW_PATH name, fn
+	.globl \name
+	.hidden \name
+	.type \name, @function
 	.p2align 4
-fwd_lazy_common:
-	/* On entry: (%rsp) = index, 8(%rsp) = caller's return address. */
+\name:
 	pushq %rbp
 	movq %rsp, %rbp
 	pushq %rdi
@@ -39,7 +45,7 @@ fwd_lazy_common:
 	movdqu %xmm6, 96(%rsp)
 	movdqu %xmm7, 112(%rsp)
 	movq 8(%rbp), %rdi
-	call fwd_resolve
+	call \fn
 	movq %rax, %r11
 	movdqu 0(%rsp), %xmm0
 	movdqu 16(%rsp), %xmm1
@@ -61,6 +67,11 @@ fwd_lazy_common:
 	popq %rbp
 	addq $8, %rsp		/* drop the index */
 	jmp *%r11
-	.size fwd_lazy_common, .-fwd_lazy_common
+	.size \name, .-\name
+.endm
+
+	.text
+	SLOW_PATH fwd_lazy_common, fwd_resolve
+	SLOW_PATH fwd_gate_common, gate_slow_fwd
 
 	.section .note.GNU-stack,"",@progbits

@@ -11,8 +11,18 @@
  * instead. "cuGetProcAddress" thus yields gpucr's lookup, and the loop
  * closes. Matching is by address against what dlsym gave for each wrapped
  * name, and by name (the requested symbol must be a version of the wrapped
- * one). cuGetExportTable's private tables hold no exported driver function
- * and pass through unchanged. */
+ * one).
+ *
+ * Every other answer is replaced by gpucr's trampoline of the same name, so
+ * that calls through looked-up pointers pass the gate (gate.h) as calls
+ * through the exported symbols do: dladdr names the driver's symbol at that
+ * exact address ("cuLaunchKernel_ptsz"), and gpucr's export of that name is
+ * handed out. An address that is no exported driver symbol, or one gpucr
+ * does not export (a driver newer than the shim's stub), passes through
+ * ungated, with one warning per process. cuGetExportTable's private tables
+ * hold no exported driver function and pass through unchanged. */
+#include <dlfcn.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "real.h"
@@ -43,6 +53,52 @@ static bool same_base(const char *a, const char *b)
 	return n == base_len(b) && !strncmp(a, b, n);
 }
 
+static int cmp_name(const void *key, const void *elem)
+{
+	return strcmp(key, *(const char *const *)elem);
+}
+
+/* Whether addr lies in the shim itself. */
+static bool in_shim(const void *addr)
+{
+	static Dl_info self;
+	Dl_info info;
+
+	if (!__atomic_load_n(&self.dli_fbase, __ATOMIC_ACQUIRE)) {
+		Dl_info me;
+
+		if (!dladdr((void *)cmp_name, &me))
+			return false;
+		self.dli_fname = me.dli_fname;
+		__atomic_store_n(&self.dli_fbase, me.dli_fbase, __ATOMIC_RELEASE);
+	}
+	return dladdr(addr, &info) && info.dli_fbase == self.dli_fbase;
+}
+
+/* gpucr's trampoline for the driver function fn, which was the answer for
+ * symbol; fn itself when there is none. */
+static void *trampoline_for(const char *symbol, void *fn)
+{
+	static int warned;
+	const char *const *hit;
+	Dl_info info;
+
+	if (in_shim(fn))
+		return fn; /* the driver found the shim's own symbol */
+	if (dladdr(fn, &info) && info.dli_sname && info.dli_saddr == fn) {
+		hit = bsearch(info.dli_sname, fwd_names, FWD_COUNT, sizeof(fwd_names[0]), cmp_name);
+		if (hit)
+			return fwd_funcs[hit - fwd_names];
+	}
+	if (!__atomic_exchange_n(&warned, 1, __ATOMIC_RELAXED))
+		pr_warn("cuGetProcAddress(\"%s\") returned %p (%s), which gpucr does not export; calls "
+			"through it bypass gpucr's gate (further cases are logged at debug level)\n",
+			symbol, fn, info.dli_sname && info.dli_saddr == fn ? info.dli_sname : "not a driver symbol");
+	else
+		pr_debug("cuGetProcAddress(\"%s\") returned %p, which gpucr does not export\n", symbol, fn);
+	return fn;
+}
+
 static void *substitute(const char *symbol, void *fn, int version, cuuint64_t flags)
 {
 	static int warned[WRAP_COUNT];
@@ -68,15 +124,15 @@ static void *substitute(const char *symbol, void *fn, int version, cuuint64_t fl
 	/* The driver handed out something that is not one of its exported
 	 * functions for a name gpucr wraps: calls through it bypass gpucr. */
 	for (i = 0; i < WRAP_COUNT; i++) {
-		if (same_base(symbol, wrap_names[i]) &&
-		    !__atomic_exchange_n(&warned[i], 1, __ATOMIC_RELAXED)) {
-			pr_warn("cuGetProcAddress(\"%s\", %d, %#llx) returned %p, which is not an exported "
-				"driver function; calls through it bypass gpucr\n",
-				symbol, version, (unsigned long long)flags, fn);
-			break;
+		if (same_base(symbol, wrap_names[i])) {
+			if (!__atomic_exchange_n(&warned[i], 1, __ATOMIC_RELAXED))
+				pr_warn("cuGetProcAddress(\"%s\", %d, %#llx) returned %p, which is not an "
+					"exported driver function; calls through it bypass gpucr\n",
+					symbol, version, (unsigned long long)flags, fn);
+			return fn;
 		}
 	}
-	return fn;
+	return trampoline_for(symbol, fn);
 }
 
 SHIM_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion,

@@ -8,6 +8,7 @@
  * would otherwise share one; caches keyed on it, UCX's among them, must see
  * distinct allocations). */
 #include "buftab.h"
+#include "gate.h"
 #include "real.h"
 
 static void fix(CUpointer_attribute attr, void *data, CUdeviceptr ptr)
@@ -41,6 +42,7 @@ SHIM_EXPORT CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attri
 	SHIM_KEEP_ERRNO;
 	CUresult r;
 
+	gate_pass();
 	real_ensure();
 	if (!real.cuPointerGetAttribute)
 		return real_absent("cuPointerGetAttribute");
@@ -57,6 +59,7 @@ SHIM_EXPORT CUresult cuPointerGetAttributes(unsigned int numAttributes, CUpointe
 	unsigned int i;
 	CUresult r;
 
+	gate_pass();
 	real_ensure();
 	if (!real.cuPointerGetAttributes)
 		return real_absent("cuPointerGetAttributes");

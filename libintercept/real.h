@@ -22,6 +22,14 @@
 	X(cuGetProcAddress)                  \
 	X(cuGetProcAddress_v2)               \
 	X(cuGetExportTable)                  \
+	X(cuInit)                            \
+	X(cuDeviceGetCount)                  \
+	X(cuDeviceGetUuid_v2)                \
+	X(cuDevicePrimaryCtxGetState)        \
+	X(cuDevicePrimaryCtxRetain)          \
+	X(cuDevicePrimaryCtxRelease_v2)      \
+	X(cuCtxPushCurrent_v2)               \
+	X(cuCtxPopCurrent_v2)                \
 	X(cuCtxGetDevice)                    \
 	X(cuCtxSynchronize)                  \
 	X(cuDeviceGetAttribute)              \

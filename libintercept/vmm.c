@@ -1,12 +1,13 @@
-/* VMM regions: creating and destroying them, per-device capabilities, and
- * the export / release / remap of their physical chunks. Called with alloc's
- * lock held (see vmm.h). */
+/* VMM regions: creating and destroying them, per-device capabilities, the
+ * export / release / remap of their physical chunks, and what the daemon has
+ * been told of them. Called with alloc's lock held (see vmm.h). */
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "alloc.h"
+#include "control.h"
 #include "real.h"
 #include "vmm.h"
 
@@ -19,6 +20,10 @@ struct vmm_dev {
 
 static struct vmm_dev devs[VMM_MAX_DEVICES];
 static struct region *regions; /* every region, newest first */
+
+/* Addresses of reported chunks destroyed since the last vmm_collect(). */
+static CUdeviceptr *freed;
+static size_t nfreed, freed_cap;
 
 static bool vmm_env_disabled(void)
 {
@@ -179,6 +184,7 @@ int vmm_region_create(int device, size_t size, struct region **ret_region)
 		regions->prev = r;
 	regions = r;
 	*ret_region = r;
+	control_kick(); /* the daemon hears of it */
 	return 0;
 
 err_release:
@@ -192,6 +198,23 @@ err_free:
 	return err;
 }
 
+static void note_freed(CUdeviceptr va)
+{
+	if (nfreed == freed_cap) {
+		size_t cap = freed_cap ? freed_cap * 2 : 64;
+		CUdeviceptr *v = realloc(freed, cap * sizeof(*v));
+
+		if (!v) {
+			/* The daemon keeps a stale record of it until it reconnects. */
+			pr_debug("chunk at %#llx freed: no memory to report it\n", (unsigned long long)va);
+			return;
+		}
+		freed = v;
+		freed_cap = cap;
+	}
+	freed[nfreed++] = va;
+}
+
 void vmm_region_destroy(struct region *r)
 {
 	CUresult cr;
@@ -202,6 +225,8 @@ void vmm_region_destroy(struct region *r)
 	for (i = 0; i < r->nchunks; i++) {
 		struct chunk *c = &r->chunks[i];
 
+		if (c->reported)
+			note_freed(r->va + c->off);
 		if (c->mapped && (cr = real.cuMemUnmap(r->va + c->off, c->size)) != CUDA_SUCCESS)
 			pr_debug("cuMemUnmap(%#llx, %zu): %s\n", (unsigned long long)(r->va + c->off),
 				 c->size, gpucr_strerror(gpucr_err_from_cu(cr)));
@@ -221,6 +246,7 @@ void vmm_region_destroy(struct region *r)
 		r->next->prev = r->prev;
 	free(r->chunks);
 	free(r);
+	control_kick(); /* the daemon hears of it */
 }
 
 size_t vmm_chunk_count(size_t *ret_mapped)
@@ -247,6 +273,36 @@ static int cmp_chunk_va(const void *a, const void *b)
 	return x < y ? -1 : x > y;
 }
 
+/* Exports chunk c of r into *out. */
+static int export_chunk(const struct region *r, const struct chunk *c, struct alloc_chunk_fd *out)
+{
+	CUresult cr;
+	int fd = -1, err;
+
+	cr = real.cuMemExportToShareableHandle(&fd, c->handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+	if (cr != CUDA_SUCCESS) {
+		err = gpucr_err_from_cu(cr);
+		pr_debug("export of chunk at %#llx (%zu bytes): %s\n", (unsigned long long)(r->va + c->off),
+			 c->size, gpucr_strerror(err));
+		return err;
+	}
+	if (fcntl(fd, F_SETFD, FD_CLOEXEC) < 0) {
+		err = -errno;
+		close(fd);
+		return err;
+	}
+	*out = (struct alloc_chunk_fd){
+		.va = r->va + c->off,
+		.size = c->size,
+		.device = r->device,
+		.fd = fd,
+		.slab = r->slab != NULL,
+		.reserve_va = r->va,
+		.reserve_size = r->size,
+	};
+	return 0;
+}
+
 int vmm_export_all(struct alloc_chunk_fd *out, size_t cap, size_t *ret_n)
 {
 	struct region *r;
@@ -257,8 +313,6 @@ int vmm_export_all(struct alloc_chunk_fd *out, size_t cap, size_t *ret_n)
 	for (r = regions; r && !err; r = r->next) {
 		for (i = 0; i < r->nchunks; i++) {
 			struct chunk *c = &r->chunks[i];
-			CUresult cr;
-			int fd = -1;
 
 			if (!c->mapped || !c->handle)
 				continue;
@@ -266,22 +320,10 @@ int vmm_export_all(struct alloc_chunk_fd *out, size_t cap, size_t *ret_n)
 				err = -EAGAIN; /* regions changed under a quiesced process? */
 				break;
 			}
-			cr = real.cuMemExportToShareableHandle(&fd, c->handle,
-							       CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
-			if (cr != CUDA_SUCCESS) {
-				err = gpucr_err_from_cu(cr);
-				pr_debug("export of chunk at %#llx (%zu bytes): %s\n",
-					 (unsigned long long)(r->va + c->off), c->size, gpucr_strerror(err));
+			err = export_chunk(r, c, &out[n]);
+			if (err)
 				break;
-			}
-			if (fcntl(fd, F_SETFD, FD_CLOEXEC) < 0) {
-				err = -errno;
-				close(fd);
-				break;
-			}
-			out[n++] = (struct alloc_chunk_fd){
-				.va = r->va + c->off, .size = c->size, .device = r->device, .fd = fd
-			};
+			n++;
 		}
 	}
 	if (err) {
@@ -292,6 +334,70 @@ int vmm_export_all(struct alloc_chunk_fd *out, size_t cap, size_t *ret_n)
 	qsort(out, n, sizeof(*out), cmp_chunk_va);
 	*ret_n = n;
 	return 0;
+}
+
+int vmm_collect(struct alloc_changes *ret)
+{
+	struct alloc_chunk_fd *v = NULL;
+	size_t n = 0, cap = 0;
+	struct region *r;
+	unsigned int i;
+	int err = 0;
+
+	for (r = regions; r; r = r->next)
+		for (i = 0; i < r->nchunks; i++)
+			cap += r->chunks[i].mapped && r->chunks[i].handle && !r->chunks[i].reported;
+	if (cap) {
+		v = malloc(cap * sizeof(*v));
+		if (!v)
+			return -ENOMEM;
+	}
+	for (r = regions; r && !err && n < cap; r = r->next) {
+		for (i = 0; i < r->nchunks && n < cap; i++) {
+			struct chunk *c = &r->chunks[i];
+
+			if (!c->mapped || !c->handle || c->reported)
+				continue;
+			err = export_chunk(r, c, &v[n]);
+			if (err)
+				break;
+			n++;
+		}
+	}
+	if (err) {
+		while (n)
+			close(v[--n].fd);
+		free(v);
+		return err;
+	}
+	/* Marked only now that every export worked: a failure leaves them for
+	 * the next attempt. */
+	for (r = regions; r; r = r->next)
+		for (i = 0; i < r->nchunks; i++)
+			if (r->chunks[i].mapped && r->chunks[i].handle)
+				r->chunks[i].reported = true;
+	if (n)
+		qsort(v, n, sizeof(*v), cmp_chunk_va);
+	ret->added = v;
+	ret->nadded = n;
+	ret->freed = freed;
+	ret->nfreed = nfreed;
+	freed = NULL;
+	nfreed = freed_cap = 0;
+	return 0;
+}
+
+void vmm_forget_reports(void)
+{
+	struct region *r;
+	unsigned int i;
+
+	for (r = regions; r; r = r->next)
+		for (i = 0; i < r->nchunks; i++)
+			r->chunks[i].reported = false;
+	free(freed);
+	freed = NULL;
+	nfreed = freed_cap = 0;
 }
 
 int vmm_release_all(void)
@@ -385,6 +491,8 @@ int vmm_remap_all(const struct alloc_chunk_fd *chunks, size_t count)
 				free(sorted);
 				return gpucr_err_from_cu(cr);
 			}
+			if (!c->handle)
+				c->reported = true; /* imported from the caller's fd */
 			c->handle = h;
 			c->mapped = true;
 		}

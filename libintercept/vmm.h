@@ -23,6 +23,7 @@ struct chunk {
 	size_t off;                          /* from the region's va */
 	size_t size;
 	bool mapped;
+	bool reported;                       /* the daemon has been told of it (vmm_collect) */
 };
 
 struct region {
@@ -60,5 +61,10 @@ struct alloc_chunk_fd;
 int vmm_export_all(struct alloc_chunk_fd *out, size_t cap, size_t *ret_n) SHIM_HIDDEN;
 int vmm_release_all(void) SHIM_HIDDEN;
 int vmm_remap_all(const struct alloc_chunk_fd *chunks, size_t count) SHIM_HIDDEN;
+/* See alloc_collect() and alloc_forget_reports(). */
+struct alloc_changes;
+int vmm_collect(struct alloc_changes *ret) SHIM_HIDDEN;
+void vmm_forget_reports(void) SHIM_HIDDEN;
+
 
 #endif

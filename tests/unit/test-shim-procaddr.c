@@ -2,7 +2,8 @@
  * yields the shim's own lookup (as cudart does before anything else), and
  * lookups through that pointer give the shim's cuMemAlloc_v2, cuMemFree_v2,
  * cuGetExportTable ... for the variant the driver picks, while names gpucr
- * does not wrap give the driver's function. Memory allocated through a
+ * does not wrap give gpucr's trampoline of the driver's symbol (which tests
+ * the gate), never the driver's function. Memory allocated through a
  * looked-up pointer is gpucr's (VMM, so it has an allocation handle).
  *
  * Linked against the shim; sets GPUCR_REAL_LIBCUDA to the fake. */
@@ -111,11 +112,21 @@ int main(void)
 	p = lookup(gpa, "cuMemFreeAsync", CU_GET_PROC_ADDRESS_LEGACY_STREAM);
 	CHECK(p == shim("cuMemFreeAsync"));
 
-	/* Not wrapped: the driver's own function, not a trampoline. */
+	/* Not wrapped: gpucr's trampoline of the driver's symbol (it tests the
+	 * gate), never the driver's function itself. */
 	p = lookup(gpa, "cuCtxGetCurrent", CU_GET_PROC_ADDRESS_DEFAULT);
 	CHECK(p != NULL);
-	CHECK(p != shim("cuCtxGetCurrent"));
-	CHECK(p == dlsym(fake, "cuCtxGetCurrent"));
+	CHECK(p == shim("cuCtxGetCurrent"));
+	CHECK(p != dlsym(fake, "cuCtxGetCurrent"));
+	p = lookup(gpa, "cuLaunchKernel", CU_GET_PROC_ADDRESS_DEFAULT);
+	CHECK(p == shim("cuLaunchKernel"));
+	/* By the driver's symbol name: the fake has no _ptsz variants and
+	 * answers with cuLaunchKernel; a real driver gives cuLaunchKernel_ptsz. */
+	p = lookup(gpa, "cuLaunchKernel", CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM);
+	CHECK(p == shim("cuLaunchKernel") || p == shim("cuLaunchKernel_ptsz"));
+	p = lookup(gpa, "cuMemcpyHtoD", CU_GET_PROC_ADDRESS_DEFAULT);
+	CHECK(p == shim("cuMemcpyHtoD_v2"));
+	p = lookup(gpa, "cuCtxGetCurrent", CU_GET_PROC_ADDRESS_DEFAULT);
 	if (p) {
 		CUcontext cur = NULL;
 

@@ -1,0 +1,148 @@
+#!/usr/bin/env bash
+# timeout: 300
+# End to end on the test driver with real CRIU and gpucr's plugin: a CUDA
+# application under gpucr's shim is dumped, killed and restored, and its
+# output must equal an uninterrupted run's. Cases: restore from memory kept
+# by gpucrd; --leave-running; gpucrd restarted between dump and restore
+# (restore from the image); a damaged image refused; gpucrd absent (the dump
+# fails with a message and the application keeps running); a process tree
+# with non-CUDA children.
+set -u
+B=$(cd "${BUILD:-build}" && pwd)
+[ "$(id -u)" = 0 ] || { echo "skip: CRIU needs root"; exit 77; }
+command -v criu >/dev/null || { echo "criu not installed: run scripts/install-deps.sh"; exit 1; }
+W=$(mktemp -d /tmp/gpucr-cr.XXXXXX)
+FAKE=$B/fakecuda/libcuda.so.1
+export GPUCR_SOCKET=$W/gpucrd.sock GPUCR_DRIVER_LIBCUDA=$FAKE FAKECUDA_STATE_DIR=$W
+export CRIU_LIBS_DIR=$B/lib/criu
+APP_ENV=(env LD_LIBRARY_PATH=$B/lib/gpucr GPUCR_REAL_LIBCUDA=$FAKE)
+STEPS=60
+fails=0
+
+cleanup() {
+	pkill -f "gpucrd --socket $GPUCR_SOCKET" 2>/dev/null
+	rm -rf "$W"
+}
+trap cleanup EXIT
+
+ok() { echo "ok: $*"; }
+bad() { echo "FAIL: $*"; fails=$((fails + 1)); }
+
+start_daemon() {
+	"$B/bin/gpucrd" --socket "$GPUCR_SOCKET" --log "$W/gpucrd.log" </dev/null >/dev/null 2>&1 &
+	for _ in $(seq 1 100); do [ -S "$GPUCR_SOCKET" ] && return 0; sleep 0.05; done
+	echo "gpucrd did not start"; cat "$W/gpucrd.log"; exit 1
+}
+stop_daemon() {
+	pkill -f "gpucrd --socket $GPUCR_SOCKET"
+	for _ in $(seq 1 100); do pgrep -f "gpucrd --socket $GPUCR_SOCKET" >/dev/null || break; sleep 0.05; done
+	rm -f "$GPUCR_SOCKET"
+}
+
+# Reference output, no daemon.
+"${APP_ENV[@]}" GPUCR_DAEMON=0 "$B/tests/e2e-fake-app" "$W/ref" $STEPS 4 || { echo "reference run failed"; exit 1; }
+
+# One C/R flow under a subreaper. $1 name, $2 dump options, $3 a function
+# the outer script runs between dump and restore (daemons it starts must not
+# be children of the subreaper, which waits for all its descendants), $4
+# children. Writes $W/$1.out.
+flow() {
+	local name=$1 dopts=$2 between=$3 children=${4:-0} fpid
+	mkdir -p "$W/$name"
+	cat >"$W/$name.sh" <<FLOW
+set -u
+setsid ${APP_ENV[*]} $B/tests/e2e-fake-app $W/$name.out $STEPS 4 $children </dev/null >$W/$name.app.log 2>&1 &
+pid=\$!
+for i in \$(seq 1 400); do [ -f $W/$name.out ] && [ \$(wc -l <$W/$name.out) -ge 10 ] && break; sleep 0.02; done
+criu dump -t \$pid -D $W/$name -o dump.log -v4 $dopts || { echo "dump failed"; exit 10; }
+echo \$pid >$W/$name.dumped
+for i in \$(seq 1 500); do [ -f $W/$name.go ] && break; sleep 0.02; done
+if ! kill -0 \$pid 2>/dev/null; then
+	wait \$pid 2>/dev/null
+	criu restore -D $W/$name -o restore.log -v4 -d || { echo "restore failed"; exit 11; }
+fi
+for i in \$(seq 1 1500); do grep -q '^done' $W/$name.out 2>/dev/null && break; sleep 0.02; done
+for i in \$(seq 1 100); do kill -0 \$pid 2>/dev/null || break; sleep 0.02; done
+FLOW
+	"$B/tests/e2e-subreaper" bash "$W/$name.sh" >"$W/$name.flow.log" 2>&1 &
+	fpid=$!
+	for _ in $(seq 1 1000); do [ -f "$W/$name.dumped" ] || ! kill -0 $fpid 2>/dev/null && break; sleep 0.02; done
+	[ -n "$between" ] && [ -f "$W/$name.dumped" ] && $between "$(cat "$W/$name.dumped")" "$name"
+	touch "$W/$name.go"
+	wait $fpid
+}
+
+restart_daemon() { stop_daemon; start_daemon; }
+damage_image() { # pid name
+	restart_daemon
+	printf '\xff' | dd of="$W/$2/gpucr-pages-$1.img" bs=1 seek=5000 conv=notrunc status=none
+}
+
+check_same() { # name
+	if cmp -s "$W/ref" "$W/$1.out"; then
+		ok "$1: output identical to the uninterrupted run"
+	else
+		bad "$1: output differs: $(diff "$W/ref" "$W/$1.out" | head -4 | tr '\n' ' ')"
+		tail -5 "$W/$1.flow.log" "$W/$1/dump.log" "$W/$1/restore.log" "$W/$1.app.log" 2>/dev/null | sed 's/^/    /'
+		tail -15 "$W/gpucrd.log" | sed 's/^/    gpucrd| /'
+	fi
+}
+
+start_daemon
+
+# 1. dump, kill, restore from the memory gpucrd kept.
+flow kill-restore "" ""
+check_same kill-restore
+grep -q "restoring from retained GPU memory" "$W/gpucrd.log" && ok "kill-restore: zero-copy restore" ||
+	bad "kill-restore: not restored from retained memory"
+"$B/bin/gpucr" inspect --verify "$W/kill-restore" >/dev/null && ok "kill-restore: image verifies" ||
+	bad "kill-restore: image does not verify"
+
+# 2. --leave-running: the process goes on, same results, image complete.
+flow leave-running "-R" ""
+check_same leave-running
+"$B/bin/gpucr" inspect --verify "$W/leave-running" >/dev/null && ok "leave-running: image verifies" ||
+	bad "leave-running: image does not verify"
+
+# 3. gpucrd restarted between dump and restore: restore from the image.
+flow daemon-restart "" restart_daemon
+check_same daemon-restart
+grep -q "loaded from the image" "$W/gpucrd.log" && ok "daemon-restart: restored from the image" ||
+	bad "daemon-restart: the image was not loaded"
+
+# 4. a damaged image is refused, with the reason in CRIU's log.
+flow damaged "" damage_image
+if grep -q "restore failed" "$W/damaged.flow.log" && grep -q "fingerprint mismatch" "$W/damaged/restore.log"; then
+	ok "damaged: restore refused: $(grep -o 'fingerprint mismatch[^;]*' "$W/damaged/restore.log" | head -1)"
+else
+	bad "damaged: restore was not refused as it should be"
+	tail -5 "$W/damaged.flow.log" "$W/damaged/restore.log" | sed 's/^/    /'
+fi
+
+# 5. gpucrd absent: the dump fails and says why; the application goes on.
+stop_daemon
+start_daemon
+cat >"$W/absent.sh" <<FLOW
+set -u
+setsid ${APP_ENV[*]} $B/tests/e2e-fake-app $W/absent.out $STEPS 4 </dev/null >$W/absent.app.log 2>&1 &
+pid=\$!
+for i in \$(seq 1 400); do [ -f $W/absent.out ] && [ \$(wc -l <$W/absent.out) -ge 10 ] && break; sleep 0.02; done
+pkill -f 'gpucrd --socket $GPUCR_SOCKET'; sleep 0.3
+mkdir -p $W/absent
+if criu dump -t \$pid -D $W/absent -o dump.log -v4; then echo "dump succeeded without gpucrd"; exit 12; fi
+for i in \$(seq 1 1500); do grep -q '^done' $W/absent.out 2>/dev/null && break; sleep 0.02; done
+wait \$pid
+FLOW
+"$B/tests/e2e-subreaper" bash "$W/absent.sh" >"$W/absent.flow.log" 2>&1
+if grep -q "gpucrd does not answer" "$W/absent/dump.log"; then ok "absent: dump refused with a message"; else
+	bad "absent: no message naming the missing daemon"; tail -5 "$W/absent/dump.log" "$W/absent.flow.log" | sed 's/^/    /'; fi
+check_same absent
+rm -f "$GPUCR_SOCKET"
+start_daemon
+
+# 6. a process tree: the CUDA process and two plain children.
+flow tree "" "" 2
+check_same tree
+
+echo "$fails failure(s)"
+[ $fails = 0 ]

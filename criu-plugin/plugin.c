@@ -342,6 +342,51 @@ static int has_gpucr_image(int pid)
 	return faccessat(image_dir(), name, F_OK, 0) == 0;
 }
 
+/* Makes the GPU memory of one dumped process ready in gpucrd. */
+static int prepare_restore(int pid, Gpucr__Msg **ret)
+{
+	Gpucr__Msg m = GPUCR__MSG__INIT;
+	Gpucr__RestoreRequest rq = GPUCR__RESTORE_REQUEST__INIT;
+
+	if (client_connect() < 0) {
+		pl_err("pid %d has a GPU image, but gpucrd does not answer at %s: start the daemon and "
+		       "restore again", pid, sock_default_path());
+		return -ENOTCONN;
+	}
+	rq.pid = (uint32_t)pid;
+	m.body_case = GPUCR__MSG__BODY_RESTORE;
+	m.restore = &rq;
+	return call_simple(&m, image_dir(), "restoring its GPU memory", pid, ret);
+}
+
+/* At the start of a restore, before any process exists: every GPU image in
+ * the directory is made ready (loaded and checked, or found retained), so
+ * a damaged image fails the restore instead of a process resuming without
+ * its memory (CRIU ignores failures of the late hook). */
+static int prepare_all(void)
+{
+	uint32_t *pids = NULL;
+	size_t n = 0, i;
+	int r = 0;
+
+	if (image_dir() < 0 || img_list(image_dir(), &pids, &n) < 0)
+		return 0;
+	for (i = 0; i < n && !r; i++) {
+		Gpucr__Msg *rep = NULL;
+
+		r = prepare_restore((int)pids[i], &rep);
+		if (r == 0 && rep->restore_reply)
+			pl_info("pid %u: GPU memory ready (%llu MiB, %s) in %.1f ms", pids[i],
+				(unsigned long long)(rep->restore_reply->bytes >> 20),
+				rep->restore_reply->from_retained ? "kept on the GPU, nothing copied" :
+								    "loaded from the image and checked",
+				rep->restore_reply->elapsed_ns / 1e6);
+		msg_free(rep);
+	}
+	free(pids);
+	return r;
+}
+
 static int gpucr_resume_devices_late(int pid)
 {
 	Gpucr__DriverState st = GPUCR__DRIVER_STATE__DRV_STATE_UNKNOWN;
@@ -352,26 +397,13 @@ static int gpucr_resume_devices_late(int pid)
 	if (disabled)
 		return -ENOTSUP;
 	if (has_gpucr_image(pid)) {
-		Gpucr__Msg m = GPUCR__MSG__INIT, *rep = NULL;
-		Gpucr__RestoreRequest rq = GPUCR__RESTORE_REQUEST__INIT;
+		Gpucr__Msg *rep = NULL;
 
-		if (client_connect() < 0) {
-			pl_err("pid %d has a GPU image, but gpucrd does not answer at %s: start the daemon and "
-			       "restore again", pid, sock_default_path());
-			return -ENOTCONN;
-		}
-		rq.pid = (uint32_t)pid;
-		m.body_case = GPUCR__MSG__BODY_RESTORE;
-		m.restore = &rq;
-		r = call_simple(&m, image_dir(), "restoring its GPU memory", pid, &rep);
+		/* Made ready at init; this binds it to the recreated process. */
+		r = prepare_restore(pid, &rep);
+		msg_free(rep);
 		if (r < 0)
 			return r;
-		if (rep->restore_reply)
-			pl_info("pid %d: GPU memory ready (%llu MiB, %s) in %.1f ms", pid,
-				(unsigned long long)(rep->restore_reply->bytes >> 20),
-				rep->restore_reply->from_retained ? "kept on the GPU, nothing copied" : "loaded from the image",
-				rep->restore_reply->elapsed_ns / 1e6);
-		msg_free(rep);
 		t = track(pid);
 		if (!t)
 			return -ENOMEM;
@@ -442,6 +474,10 @@ static int gpucr_init(int stage)
 		interrupt_only();
 	pl_info("gpucr plugin %s: stage %d, gpucrd %s", GPUCR_VERSION, stage,
 		client_connect() == 0 ? "connected" : "not running (plain CUDA processes only)");
+	if (stage == CR_PLUGIN_STAGE__RESTORE && prepare_all() < 0) {
+		pl_err("the GPU memory of the dumped processes cannot be restored; restore refused");
+		return -1;
+	}
 	return 0;
 }
 

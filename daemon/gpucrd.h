@@ -103,6 +103,7 @@ int wake_proc(struct daemon *d, struct conn *c, const Gpucr__Msg *req);
 struct img_stats {
 	uint64_t bytes, stored, elapsed_ns;
 	uint32_t control_tid, uid;      /* imgio_read: from the image header */
+	char comm[64];
 };
 int imgio_write(struct proc *p, int dirfd, struct img_stats *st, char *msg, size_t msglen);
 /* Loads the image of pid into new GPU memory, as rbufs (caller frees them

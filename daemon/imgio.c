@@ -693,6 +693,7 @@ int imgio_read(pid_t pid, int dirfd, struct rbuf **ret_bufs, struct img_stats *s
 	}
 	st->control_tid = img->hdr->has_control_tid ? img->hdr->control_tid : 0;
 	st->uid = img->hdr->has_uid ? img->hdr->uid : 0;
+	snprintf(st->comm, sizeof(st->comm), "%s", img->hdr->comm ? img->hdr->comm : "");
 	bv = calloc(img->nbuffers + 1, sizeof(*bv));
 	if (!bv) {
 		r = -ENOMEM;

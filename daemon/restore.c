@@ -79,6 +79,13 @@ static void load_done(void *data, int status)
 		conn_reply_err(op->c, op->id, op->err, "%s", op->msg);
 		goto out;
 	}
+	if (op->uid == (uid_t)-1)
+		op->uid = op->st.uid;
+	if (conn_uid(op->c) != 0 && conn_uid(op->c) != op->uid) {
+		conn_reply_err(op->c, op->id, -EPERM, "pid %d: the image belongs to uid %u", (int)op->pid,
+			       (unsigned)op->uid);
+		goto out;
+	}
 	p = registry_find(op->d, op->pid);
 	if (p && (p->shim || p->nbufs)) {
 		conn_reply_err(op->c, op->id, -EBUSY, "pid %d: gpucrd already holds a process with this pid",
@@ -86,7 +93,7 @@ static void load_done(void *data, int status)
 		goto out;
 	}
 	if (!p)
-		p = registry_attach(op->d, op->pid, op->uid, NULL);
+		p = registry_attach(op->d, op->pid, op->uid, op->st.comm[0] ? op->st.comm : NULL);
 	if (!p) {
 		conn_reply_err(op->c, op->id, -ENOMEM, "out of memory");
 		goto out;
@@ -125,18 +132,23 @@ int restore_start(struct daemon *d, struct conn *c, const Gpucr__Msg *req, int d
 	char path[64];
 	struct stat st;
 
-	/* The restored process exists (CRIU recreated it); its owner decides
-	 * who may give it memory. */
+	/* Called twice by the CRIU plugin: when a restore starts (the process
+	 * does not exist yet: the memory is made ready, so a bad image fails
+	 * the restore before any process is created), and once CRIU has
+	 * recreated it (its owner must be the one the memory belongs to). */
 	snprintf(path, sizeof(path), "/proc/%u", rq->pid);
 	if (stat(path, &st) < 0) {
-		conn_reply_err(c, id, -ESRCH, "pid %u: no such process to restore GPU memory into", rq->pid);
-		return -ESRCH;
-	}
-	if (conn_uid(c) != 0 && conn_uid(c) != st.st_uid) {
+		st.st_uid = p ? p->uid : (uid_t)-1; /* -1: learnt from the image */
+	} else if (conn_uid(c) != 0 && conn_uid(c) != st.st_uid) {
 		conn_reply_err(c, id, -EPERM, "pid %u belongs to uid %u", rq->pid, (unsigned)st.st_uid);
 		return -EPERM;
 	}
-	if (p && p->uid != st.st_uid) {
+	if (p && conn_uid(c) != 0 && conn_uid(c) != p->uid) {
+		conn_reply_err(c, id, -EPERM, "pid %u: the memory gpucrd holds for it belongs to uid %u", rq->pid,
+			       (unsigned)p->uid);
+		return -EPERM;
+	}
+	if (p && st.st_uid != (uid_t)-1 && p->uid != st.st_uid) {
 		conn_reply_err(c, id, -EPERM, "pid %u: the memory gpucrd holds under this pid belongs to uid %u",
 			       rq->pid, (unsigned)p->uid);
 		return -EPERM;

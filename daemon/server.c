@@ -210,6 +210,20 @@ static int on_hello(struct conn *c, Gpucr__Msg *req)
 		struct proc *old = registry_find(c->d, c->cred.pid);
 		int restored = h->has_restored && h->restored;
 
+		if (restored && old && old->dump) {
+			/* Its dump still runs: a connection now could be caught
+			 * by CRIU's freeze, and the image is not complete. */
+			c->hello_done = 0;
+			return reply_err(c, req, -EAGAIN, "pid %d: its dump is still running; try again",
+					 (int)c->cred.pid);
+		}
+		if (restored && (!old || !old->nbufs || old->uid != c->cred.uid)) {
+			c->hello_done = 0;
+			return reply_err(c, req, -ENOENT,
+					 "gpucrd holds no GPU memory for pid %d (restart of gpucrd without an image?)",
+					 (int)c->cred.pid);
+		}
+
 		if (old && !old->shim && !restored && old->nbufs && !old->busy && !old->dump) {
 			/* A new process under the pid of a dumped one: the memory
 			 * kept for that one is not this one's. */

@@ -33,8 +33,8 @@ for f in gpucr gpucrd cuda-checkpoint imgbench; do
 	[ -x "$BUILD/bin/$f" ] && install -m 0755 "$BUILD/bin/$f" "$out/bin/$f"
 done
 [ -f "$BUILD/lib/gpucr/libcuda.so.1" ] && install -m 0755 "$BUILD/lib/gpucr/libcuda.so.1" "$out/lib/gpucr/"
-[ -f "$BUILD/criu-plugin/gpucr_plugin.so" ] &&
-	install -m 0644 "$BUILD/criu-plugin/gpucr_plugin.so" "$out/lib/criu/"
+[ -f "$BUILD/lib/criu/gpucr_plugin.so" ] &&
+	install -m 0644 "$BUILD/lib/criu/gpucr_plugin.so" "$out/lib/criu/"
 
 # CRIU, its shared libraries except glibc's own, and its stock cuda plugin
 # (kept in a separate plugin dir: the benchmarks' baseline).

@@ -19,9 +19,9 @@ if [ -f "$BUILD/lib/gpucr/libcuda.so.1" ]; then
 	install -m 0755 "$BUILD/lib/gpucr/libcuda.so.1" "$libdir/libcuda.so.1"
 	ln -sf libcuda.so.1 "$libdir/libcuda.so"
 fi
-if [ -f "$BUILD/criu-plugin/gpucr_plugin.so" ]; then
+if [ -f "$BUILD/lib/criu/gpucr_plugin.so" ]; then
 	install -d "$DESTDIR$CRIU_PLUGINDIR"
-	install -m 0644 "$BUILD/criu-plugin/gpucr_plugin.so" "$DESTDIR$CRIU_PLUGINDIR/gpucr_plugin.so"
+	install -m 0644 "$BUILD/lib/criu/gpucr_plugin.so" "$DESTDIR$CRIU_PLUGINDIR/gpucr_plugin.so"
 fi
 sed "s|@BINDIR@|$PREFIX/bin|g" systemd/gpucrd.service >"$unitdir/gpucrd.service"
 install -m 0644 systemd/gpucrd.socket "$unitdir/gpucrd.socket"

@@ -41,7 +41,13 @@ start_gpucrd() {
 }
 
 stop_gpucrd() {
+	local i
 	pkill -f "gpucrd --socket $GPUCR_SOCKET" 2>/dev/null
+	for ((i = 0; i < 200; i++)); do
+		pgrep -f "gpucrd --socket $GPUCR_SOCKET" >/dev/null || break
+		sleep 0.05
+	done
+	rm -f "$GPUCR_SOCKET"
 	GPUCRD_PID=
 }
 
@@ -52,7 +58,13 @@ stop_gpucrd() {
 # output with the reference $4. $2 = GiB, $5 = steps. On success prints
 # "dump_s restore_s first_step_s image_bytes", on failure a reason (status 1).
 cr_cycle_cuda_prog() {
-	local mode=$1 gib=$2 at=$3 ref=$4 steps=$5 dir=$WORK/cr-$1-$2
+	cr_cycle "$1" "cuda-prog-$2" "$3" "$4" "$B/tests/gpu/cuda-prog --gib $2 --steps $5 --step-ms 50 --out"
+}
+
+# The same for any program: $1 mode, $2 name, $3 step to dump at, $4
+# reference output, $5 the command, to which the output file is appended.
+cr_cycle() {
+	local mode=$1 name=$2 at=$3 ref=$4 cmd=$5 dir=$WORK/cr-$1-$2
 	local libdir run_prefix=""
 	case $mode in
 	stock) libdir=$B/lib/criu-stock ;;
@@ -67,7 +79,7 @@ cr_cycle_cuda_prog() {
 set -u
 export CRIU_LIBS_DIR=$libdir PATH=$B/bin:\$PATH B=$B WORK=$WORK GPUCR_SOCKET=${GPUCR_SOCKET:-}
 . $B/share/gpucr/tests/gpu/lib.sh
-setsid $run_prefix $B/tests/gpu/cuda-prog --gib $gib --steps $steps --step-ms 50 --out $dir/out.log </dev/null >$dir/prog.log 2>&1 &
+setsid $run_prefix $cmd $dir/out.log </dev/null >$dir/prog.log 2>&1 &
 pid=\$!
 wait_step $dir/out.log $at 300 || { echo "never reached step $at"; exit 1; }
 t0=\$(now)
@@ -75,7 +87,8 @@ criu dump -t \$pid -D $dir/img -o dump.log -v4 || { echo "dump failed:"; grep -E
 t1=\$(now)
 wait \$pid 2>/dev/null
 last=\$(awk '\$1 == "step" { n = \$2 } END { print n + 0 }' $dir/out.log)
-if [ $mode = gpucr-image ]; then stop_gpucrd_in_flow; fi
+echo dumped >$dir/dumped
+for i in \$(seq 1 600); do [ -f $dir/go ] && break; sleep 0.05; done
 t2=\$(now)
 criu restore -D $dir/img -o restore.log -v4 -d || { echo "restore failed:"; grep -E 'Error|error|gpucr' $dir/img/restore.log | tail -5; exit 1; }
 t3=\$(now)
@@ -84,13 +97,20 @@ t4=\$(now)
 wait_gone \$pid 600 || { echo "restored process did not finish"; exit 1; }
 echo "\$(elapsed \$t0 \$t1) \$(elapsed \$t2 \$t3) \$(elapsed \$t2 \$t4) \$(du -sb $dir/img | cut -f1)" >$dir/figures
 FLOW
-	if [ $mode = gpucr-image ]; then
-		# restart the daemon: the memory it kept is gone, the image remains
-		printf 'stop_gpucrd_in_flow() { pkill -f "gpucrd --socket %s"; sleep 0.5; setsid %s --socket %s --log %s </dev/null >/dev/null 2>&1 & for i in $(seq 1 100); do [ -S %s ] && break; sleep 0.05; done; }\n' \
-			"$GPUCR_SOCKET" "$B/bin/gpucrd" "$GPUCR_SOCKET" "$WORK/gpucrd.log" "$GPUCR_SOCKET" |
-			cat - "$dir/flow.sh" >"$dir/flow2.sh" && mv "$dir/flow2.sh" "$dir/flow.sh"
+	# The flow waits after the dump for "go": gpucr-image restarts the
+	# daemon then, from here (a daemon started inside the flow would be a
+	# descendant of the subreaper, which waits for all of them).
+	timeout 300 "$B/tests/e2e-subreaper" bash "$dir/flow.sh" >"$dir/flow.log" 2>&1 &
+	local fpid=$! i
+	for ((i = 0; i < 6000; i++)); do [ -f "$dir/dumped" ] || ! kill -0 $fpid 2>/dev/null && break; sleep 0.05; done
+	if [ $mode = gpucr-image ] && [ -f "$dir/dumped" ]; then
+		stop_gpucrd
+		sleep 0.3
+		rm -f "$GPUCR_SOCKET"
+		start_gpucrd
 	fi
-	if ! "$B/tests/e2e-subreaper" bash "$dir/flow.sh" >"$dir/flow.log" 2>&1; then
+	touch "$dir/go"
+	if ! wait $fpid; then
 		tail -5 "$dir/flow.log"
 		return 1
 	fi

@@ -95,7 +95,7 @@ if env $SHIM_ENV "$B/tests/gpu/cuda-prog" --gib $g --steps "$STEPS" --step-ms 0 
 else
 	result shim-cuda-prog "${g}GiB" FAIL "$(tail -2 "$WORK/shim.err" | tr '\n' ' ') $(cmp "$WORK/shim-$g.log" "$WORK/ref-$g.log" 2>&1 | head -1)"
 fi
-if python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
+if [ -z "${SKIP_TORCH:-}" ] && python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
 	TT=$B/share/gpucr/tests/gpu/torch_train.py
 	for variant in plain expandable compile; do
 		extra=() envx=()
@@ -146,6 +146,20 @@ if [ -f "$B/lib/criu/gpucr_plugin.so" ] && [ -z "${SKIP_GPUCR_CR:-}" ]; then
 			fi
 		done
 	done
+	# PyTorch training: the loss sequence after a restore must be bit-identical.
+	if python3 -c 'import torch' 2>/dev/null; then
+		TT=$B/share/gpucr/tests/gpu/torch_train.py
+		python3 "$TT" --steps 30 --step-sleep 0.2 --out "$WORK/tt-ref.log" >/dev/null 2>&1
+		for mode in stock gpucr gpucr-image; do
+			if r=$(cr_cycle $mode torch-train 8 "$WORK/tt-ref.log" "python3 $TT --steps 30 --step-sleep 0.2 --out"); then
+				set -- $r
+				result "$mode-criu-torch-train" - PASS "dump ${1}s restore ${2}s (first step ${3}s) image $(($4 / 1048576)) MiB, losses bit-identical"
+			else
+				result "$mode-criu-torch-train" - FAIL "$r"
+				tail -15 "$WORK/gpucrd.log" | sed 's/^/    gpucrd| /'
+			fi
+		done
+	fi
 	stop_gpucrd
 else
 	result gpucr-criu-cuda-prog - SKIP "gpucr's CRIU plugin is not in this build yet"

@@ -54,14 +54,14 @@ for shim in 0 1; do
 	envx=()
 	[ $shim = 1 ] && envx=(LD_LIBRARY_PATH=$B/lib/gpucr GPUCR_DAEMON=0)
 	t0=$(now)
-	env "${envx[@]}" "$B/tests/gpu/cuda-prog" --gib 4 --steps 200 --step-ms 0 --out "$WORK/steady.log"
+	env "${envx[@]}" "$B/tests/gpu/cuda-prog" --gib 4 --steps 100 --step-ms 0 --out "$WORK/steady.log"
 	t1=$(now)
-	emit "steady=cuda-prog shim=$shim steps=200 seconds=$(elapsed $t0 $t1)"
+	emit "steady=cuda-prog shim=$shim steps=100 seconds=$(elapsed $t0 $t1)"
 	if python3 -c 'import torch' 2>/dev/null; then
 		t0=$(now)
-		env "${envx[@]}" python3 "$B/share/gpucr/tests/gpu/torch_train.py" --steps 40 --out "$WORK/tt.log" >/dev/null 2>&1
+		env "${envx[@]}" python3 "$B/share/gpucr/tests/gpu/torch_train.py" --steps 20 --out "$WORK/tt.log" >/dev/null 2>&1
 		t1=$(now)
-		emit "steady=torch-train shim=$shim steps=40 seconds=$(elapsed $t0 $t1)"
+		emit "steady=torch-train shim=$shim steps=20 seconds=$(elapsed $t0 $t1)"
 	fi
 done
 : "$SHIM"

@@ -157,10 +157,12 @@ int restore_start(struct daemon *d, struct conn *c, const Gpucr__Msg *req, int d
 	    (p->state == GPUCR__PROC_STATE__PROC_DUMPED || p->state == GPUCR__PROC_STATE__PROC_RELEASED ||
 	     p->state == GPUCR__PROC_STATE__PROC_RESTORING)) {
 		/* Zero-copy: the memory never left the GPU. */
+		if (p->state != GPUCR__PROC_STATE__PROC_RESTORING) {
+			p->t_restore = now_ns();
+			pr_info("pid %d (%s): restoring from retained GPU memory (%llu MiB, nothing to copy)",
+				(int)p->pid, p->comm, (unsigned long long)(p->bytes >> 20));
+		}
 		p->state = GPUCR__PROC_STATE__PROC_RESTORING;
-		p->t_restore = now_ns();
-		pr_info("pid %d (%s): restoring from retained GPU memory (%llu MiB, nothing to copy)",
-			(int)p->pid, p->comm, (unsigned long long)(p->bytes >> 20));
 		reply_restore(c, id, 1, p->bytes, 0, (uint32_t)p->control_tid);
 		close(dirfd);
 		return 0;

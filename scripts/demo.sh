@@ -73,12 +73,13 @@ now() { date +%s.%N; }
 secs() { awk -v a="\$1" -v b="\$2" 'BEGIN { printf "%.2f", b - a }'; }
 setsid $B/bin/gpucr run --socket $GPUCR_SOCKET -- $W/app.sh </dev/null >$W/app.log 2>&1 &
 pid=\$!
+disown \$pid
 for i in \$(seq 1 1000); do [ -f $W/run.out ] && [ \$(grep -c ^step $W/run.out) -ge 10 ] && break; sleep 0.02; done
 echo "   pid \$pid is at step \$(grep -c ^step $W/run.out); dumping"
 t0=\$(now)
 $B/bin/gpucr dump --pid \$pid -D $W/img || exit 1
 t1=\$(now)
-wait \$pid 2>/dev/null
+for i in \$(seq 1 200); do kill -0 \$pid 2>/dev/null || break; sleep 0.02; done
 kill -0 \$pid 2>/dev/null && { echo "   the process survived its dump"; exit 1; }
 echo "   dump took \$(secs \$t0 \$t1) s; the process is gone"
 t2=\$(now)
@@ -91,7 +92,7 @@ FLOW
 rc=$?
 
 say "4. the result"
-grep -E "released|restoring|loaded|running again" "$W/gpucrd.log" | sed 's/^/   gpucrd: /'
+grep -E "released|restoring|loaded|running again" "$W/gpucrd.log" | sed 's/^/   /'
 if [ $rc = 0 ] && cmp -s "$W/ref.out" "$W/run.out"; then
 	echo "   every step after the restore matches the uninterrupted run ($(grep -c ^step "$W/run.out") steps)."
 	exit 0

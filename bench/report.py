@@ -31,7 +31,7 @@ def main():
     md += ["| GiB | system | dump (s) | restore (s) | first step after restore (s) | image (MiB) | results |",
            "|---|---|---|---|---|---|---|"]
     for g in sizes:
-        for sys_ in ("stock", "gpucr", "gpucr-image"):
+        for sys_ in ("stock", "gpucr", "gpucr-bg", "gpucr-image"):
             r = by.get((sys_, "%g" % g)) or by.get((sys_, str(g))) or by.get((sys_, str(int(g))))
             if not r:
                 continue
@@ -48,12 +48,13 @@ def main():
                 float(s["restore_s"]) / max(float(c["restore_s"]), 1e-9),
                 float(s["first_step_s"]) / max(float(c["first_step_s"]), 1e-9)))
     if steady:
-        md += ["", "| steady state | without gpucr (s) | with gpucr's shim (s) | overhead |", "|---|---|---|---|"]
+        md += ["", "| steady state (mean of runs in the order without, with, with, without) | without gpucr (s) | with gpucr's shim (s) | overhead |", "|---|---|---|---|"]
         for name in sorted({s["steady"] for s in steady}):
             a = [float(s["seconds"]) for s in steady if s["steady"] == name and s["shim"] == "0"]
             b = [float(s["seconds"]) for s in steady if s["steady"] == name and s["shim"] == "1"]
             if a and b:
-                md.append("| %s | %.2f | %.2f | %+.1f%% |" % (name, a[0], b[0], (b[0] / a[0] - 1) * 100))
+                ma, mb = sum(a) / len(a), sum(b) / len(b)
+                md.append("| %s | %.2f | %.2f | %+.1f%% |" % (name, ma, mb, (mb / ma - 1) * 100))
     open(base + ".md", "w").write("\n".join(md) + "\n")
     try:
         import matplotlib
@@ -64,7 +65,7 @@ def main():
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     for ax, key, title in ((axes[0], "dump_s", "dump (process frozen), s"),
                            (axes[1], "restore_s", "restore, s")):
-        for sys_, style in (("stock", "o-"), ("gpucr", "s-"), ("gpucr-image", "^--")):
+        for sys_, style in (("stock", "o-"), ("gpucr", "s-"), ("gpucr-bg", "d-"), ("gpucr-image", "^--")):
             pts = [(float(r["gib"]), float(r[key])) for r in rows if r["system"] == sys_ and r.get("ok") == "1"]
             if pts:
                 pts.sort()

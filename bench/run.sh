@@ -37,7 +37,7 @@ emit() { echo "BENCH $*" | tee -a "$log"; }
 start_gpucrd || { echo "gpucrd did not start"; exit 1; }
 for g in ${SIZES:-1 4 16}; do
 	"$B/tests/gpu/cuda-prog" --gib "$g" --steps "$STEPS" --step-ms 50 --out "$WORK/ref-$g.log" || continue
-	for sys in stock gpucr gpucr-image; do
+	for sys in ${SYSTEMS:-stock gpucr gpucr-bg gpucr-image}; do
 		if r=$(cr_cycle_cuda_prog "$sys" "$g" 10 "$WORK/ref-$g.log" "$STEPS"); then
 			set -- $r
 			emit "system=$sys gib=$g ok=1 dump_s=$1 restore_s=$2 first_step_s=$3 image_bytes=$4"
@@ -50,7 +50,7 @@ stop_gpucrd
 
 # Steady state: the same programs with and without the shim.
 SHIM="LD_LIBRARY_PATH=$B/lib/gpucr GPUCR_DAEMON=0"
-for shim in 0 1; do
+for shim in 0 1 1 0; do
 	envx=()
 	[ $shim = 1 ] && envx=(LD_LIBRARY_PATH=$B/lib/gpucr GPUCR_DAEMON=0)
 	t0=$(now)

@@ -23,7 +23,10 @@ void help_dump(FILE *f)
 		"DIR: CRIU's images plus gpucr-<pid>.img and gpucr-pages-<pid>.img for each\n"
 		"process started under `gpucr run`. CUDA processes not started under gpucr are\n"
 		"checkpointed through the driver's own checkpoint. The process is killed\n"
-		"afterwards unless --leave-running is given. CRIU's log: DIR/dump.log.\n\n"
+		"afterwards unless --leave-running is given. CRIU's log: DIR/dump.log.\n"
+		"The process is frozen only while CRIU runs: gpucrd holds its GPU memory and\n"
+		"writes the GPU images meanwhile; this command returns when they are complete\n"
+		"(GPUCR_IMAGE_WAIT=1 makes CRIU itself wait for them).\n\n"
 		"  -t, --pid PID        the process tree to dump\n"
 		"  -D, --images-dir DIR where the images go (created if missing)\n"
 		"  -R, --leave-running  keep the process running after the dump\n"
@@ -150,6 +153,47 @@ static void image_summary(const char *dir)
 	close(dfd);
 }
 
+/* Waits until gpucrd has written every GPU image of a dump into dir. */
+static int wait_images(const char *dir, double t0)
+{
+	Gpucr__Msg m = GPUCR__MSG__INIT, *rep = NULL;
+	Gpucr__PsRequest ps = GPUCR__PS_REQUEST__INIT;
+	char real[PATH_MAX];
+	int bad = 0;
+	size_t i;
+
+	if (!realpath(dir, real) || cli_connect(NULL) < 0)
+		return 0; /* no daemon: no GPU images of gpucr's */
+	m.body_case = GPUCR__MSG__BODY_PS;
+	m.ps = &ps;
+	if (cli_call(&m, -1, &rep) < 0 || rep->err || rep->body_case != GPUCR__MSG__BODY_PS_REPLY) {
+		msg_free(rep);
+		return 0;
+	}
+	for (i = 0; i < rep->ps_reply->n_procs; i++) {
+		Gpucr__ProcInfo *p = rep->ps_reply->procs[i];
+		Gpucr__Msg wm = GPUCR__MSG__INIT, *wr = NULL;
+		Gpucr__DumpWait w = GPUCR__DUMP_WAIT__INIT;
+
+		if (!p->image_dir || strcmp(p->image_dir, real))
+			continue;
+		w.pid = p->pid;
+		wm.body_case = GPUCR__MSG__BODY_DUMP_WAIT;
+		wm.dump_wait = &w;
+		if (cli_call(&wm, -1, &wr) < 0 || wr->err) {
+			fprintf(stderr, "gpucr dump: pid %u: the GPU image was not written: %s\n", p->pid,
+				wr && wr->err_msg ? wr->err_msg : "gpucrd did not answer");
+			bad++;
+		} else {
+			printf("gpucr dump: GPU image of pid %u complete %.2f s after the dump started\n", p->pid,
+			       now() - t0);
+		}
+		msg_free(wr);
+	}
+	msg_free(rep);
+	return bad ? -EIO : 0;
+}
+
 int cmd_dump(int argc, char **argv)
 {
 	static const struct option opts[] = {
@@ -213,6 +257,9 @@ int cmd_dump(int argc, char **argv)
 	for (i = optind; i < argc && n < 62; i++)
 		av[n++] = argv[i];
 	av[n] = NULL;
+	/* CRIU need not wait for the GPU images: gpucrd holds the memory, and
+	 * the images are waited for below, once CRIU is done. */
+	setenv("GPUCR_IMAGE_WAIT", getenv("GPUCR_IMAGE_WAIT") ? getenv("GPUCR_IMAGE_WAIT") : "0", 1);
 	t0 = now();
 	r = run_wait(av);
 	t1 = now();
@@ -233,6 +280,8 @@ int cmd_dump(int argc, char **argv)
 	}
 	printf("gpucr dump: pid %ld dumped into %s in %.2f s%s\n", pid, dir, t1 - t0,
 	       leave ? " (left running)" : "");
+	if (wait_images(dir, t0) < 0)
+		return CLI_FAIL;
 	image_summary(dir);
 	return CLI_OK;
 }

@@ -306,7 +306,17 @@ static int gpucr_checkpoint_devices(int pid)
 	if (t->gpucr) {
 		Gpucr__Msg m = GPUCR__MSG__INIT;
 		Gpucr__DumpWait w = GPUCR__DUMP_WAIT__INIT;
+		const char *wait_env = getenv("GPUCR_IMAGE_WAIT");
 
+		/* The memory is held by gpucrd now; the image can be written
+		 * while CRIU finishes (and the process is restored from the
+		 * memory meanwhile, if asked). By default the dump waits, so that
+		 * a dump that succeeds has its image complete; gpucr dump lets
+		 * CRIU go on and waits for the image itself. */
+		if (wait_env && !strcmp(wait_env, "0")) {
+			pl_info("pid %d: the GPU image is written in the background", pid);
+			return 0;
+		}
 		w.pid = (uint32_t)pid;
 		m.body_case = GPUCR__MSG__BODY_DUMP_WAIT;
 		m.dump_wait = &w;

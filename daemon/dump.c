@@ -339,7 +339,8 @@ int dump_start(struct daemon *d, struct conn *c, const Gpucr__Msg *req, int dirf
 		return -ESRCH;
 	}
 	if (p->dump) {
-		conn_reply_err(c, id, -EBUSY, "pid %u: a dump of this process is already running", dr->pid);
+		conn_reply_err(c, id, -EBUSY, "pid %u: a dump of this process is already running%s", dr->pid,
+			       p->dump->phase == PH_WRITING ? " (its GPU image is still being written)" : "");
 		return -EBUSY;
 	}
 	if (p->state != GPUCR__PROC_STATE__PROC_RUNNING || !p->shim) {

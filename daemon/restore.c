@@ -153,7 +153,7 @@ int restore_start(struct daemon *d, struct conn *c, const Gpucr__Msg *req, int d
 			       rq->pid, (unsigned)p->uid);
 		return -EPERM;
 	}
-	if (p && allow_retained && !p->shim && p->nbufs && !p->dump &&
+	if (p && allow_retained && !p->shim && p->nbufs &&
 	    (p->state == GPUCR__PROC_STATE__PROC_DUMPED || p->state == GPUCR__PROC_STATE__PROC_RELEASED ||
 	     p->state == GPUCR__PROC_STATE__PROC_RESTORING)) {
 		/* Zero-copy: the memory never left the GPU. */
@@ -253,8 +253,9 @@ void restore_shim_reattached(struct daemon *d, struct proc *p, struct conn *c)
 		return;
 	}
 	if (p->dump) {
-		/* The image is still being written from this memory: hand it
-		 * back only when that is done (dump.c calls us again). */
+		/* The image is still being written from this memory (a restore
+		 * right after a dump whose image is written in the background):
+		 * hand it back only when that is done (dump.c calls us again). */
 		p->remap_waiting = c;
 		conn_hold(c);
 		return;

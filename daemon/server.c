@@ -210,7 +210,7 @@ static int on_hello(struct conn *c, Gpucr__Msg *req)
 		struct proc *old = registry_find(c->d, c->cred.pid);
 		int restored = h->has_restored && h->restored;
 
-		if (restored && old && old->dump) {
+		if (restored && old && old->dump && old->state != GPUCR__PROC_STATE__PROC_RESTORING) {
 			/* Its dump still runs: a connection now could be caught
 			 * by CRIU's freeze, and the image is not complete. */
 			c->hello_done = 0;

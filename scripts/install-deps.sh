@@ -35,7 +35,7 @@ APT_PACKAGES=(
 	# CRIU's build dependencies
 	libprotobuf-dev protobuf-compiler libnl-3-dev libnet1-dev libcap-dev
 	libbsd-dev libgnutls28-dev libnftables-dev libdrm-dev uuid-dev
-	python3-protobuf iproute2
+	python3-protobuf iproute2 procps
 )
 
 say() { printf 'install-deps: %s\n' "$*"; }

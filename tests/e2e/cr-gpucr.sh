@@ -144,5 +144,31 @@ start_daemon
 flow tree "" "" 2
 check_same tree
 
+# 7. the image written in the background (GPUCR_IMAGE_WAIT=0): CRIU does not
+# wait for it, a restore right away gets the retained memory, the image is
+# complete soon after.
+GPUCR_IMAGE_WAIT=0 flow background "" ""
+check_same background
+for _ in $(seq 1 250); do ls "$W"/background/gpucr-*.img >/dev/null 2>&1 && break; sleep 0.02; done
+"$B/bin/gpucr" inspect --verify "$W/background" >/dev/null && ok "background: image complete and verifies" ||
+	bad "background: image missing or damaged"
+
+# 8. gpucr dump / gpucr restore: CRIU runs without waiting for the image,
+# the command waits for it and reports.
+cat >"$W/cli.sh" <<FLOW
+set -u
+setsid $B/bin/gpucr run --socket $GPUCR_SOCKET -- env GPUCR_REAL_LIBCUDA=$FAKE $B/tests/e2e-fake-app $W/cli.out $STEPS 4 </dev/null >$W/cli.app.log 2>&1 &
+pid=\$!
+for i in \$(seq 1 400); do [ -f $W/cli.out ] && [ \$(wc -l <$W/cli.out) -ge 10 ] && break; sleep 0.02; done
+$B/bin/gpucr dump --pid \$pid -D $W/cli || exit 10
+for i in \$(seq 1 100); do kill -0 \$pid 2>/dev/null || break; sleep 0.02; done
+$B/bin/gpucr restore -D $W/cli || exit 11
+for i in \$(seq 1 1500); do grep -q '^done' $W/cli.out 2>/dev/null && break; sleep 0.02; done
+FLOW
+"$B/tests/e2e-subreaper" bash "$W/cli.sh" >"$W/cli.flow.log" 2>&1
+grep -q "GPU image of pid .* complete" "$W/cli.flow.log" && ok "cli: gpucr dump waited for the GPU image" ||
+	{ bad "cli: no image completion reported"; tail -8 "$W/cli.flow.log" | sed 's/^/    /'; }
+check_same cli
+
 echo "$fails failure(s)"
 [ $fails = 0 ]

@@ -53,7 +53,9 @@ stop_gpucrd() {
 
 # A C/R cycle of cuda-prog through CRIU: $1 mode: "stock" (CRIU + its cuda
 # plugin), "gpucr" (under gpucr run, restored from retained memory) or
-# "gpucr-image" (gpucrd restarted between dump and restore: from the image).
+# "gpucr-image" (gpucrd restarted between dump and restore: from the image)
+# or "gpucr-bg" (CRIU does not wait for the GPU image, GPUCR_IMAGE_WAIT=0;
+# restored at once from retained memory while the image is written).
 # Runs, dumps at step $3, kills, restores, lets it finish; compares the
 # output with the reference $4. $2 = GiB, $5 = steps. On success prints
 # "dump_s restore_s first_step_s image_bytes", on failure a reason (status 1).
@@ -68,7 +70,7 @@ cr_cycle() {
 	local libdir run_prefix=""
 	case $mode in
 	stock) libdir=$B/lib/criu-stock ;;
-	gpucr | gpucr-image)
+	gpucr | gpucr-image | gpucr-bg)
 		libdir=$B/lib/criu
 		run_prefix="$B/bin/gpucr run --socket $GPUCR_SOCKET --"
 		;;
@@ -78,6 +80,7 @@ cr_cycle() {
 	cat >"$dir/flow.sh" <<FLOW
 set -u
 export CRIU_LIBS_DIR=$libdir PATH=$B/bin:\$PATH B=$B WORK=$WORK GPUCR_SOCKET=${GPUCR_SOCKET:-}
+[ $mode = gpucr-bg ] && export GPUCR_IMAGE_WAIT=0
 . $B/share/gpucr/tests/gpu/lib.sh
 setsid $run_prefix $cmd $dir/out.log </dev/null >$dir/prog.log 2>&1 &
 pid=\$!

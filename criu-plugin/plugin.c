@@ -18,6 +18,7 @@
  *   thread is woken and maps the memory at the same addresses.
  *
  * Hooks answer -ENOTSUP for processes without CUDA state. */
+#include <dirent.h>
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -344,12 +345,63 @@ CR_PLUGIN_REGISTER_HOOK(CR_PLUGIN_HOOK__CHECKPOINT_DEVICES, gpucr_checkpoint_dev
 
 /* ---- restore ------------------------------------------------------------- */
 
+/* The image of pid, complete or still being written by gpucrd (a dump
+ * whose image is written in the background, restored from the memory
+ * gpucrd kept before the image is done). */
 static int has_gpucr_image(int pid)
 {
-	char name[64];
+	char name[64], partial[80];
 
 	img_name(name, sizeof(name), (uint32_t)pid);
-	return faccessat(image_dir(), name, F_OK, 0) == 0;
+	snprintf(partial, sizeof(partial), ".%s.partial", name);
+	return faccessat(image_dir(), name, F_OK, 0) == 0 || faccessat(image_dir(), partial, F_OK, 0) == 0;
+}
+
+/* Pids with a GPU image in the directory, complete or partial. */
+static int list_images(uint32_t **ret, size_t *ret_n)
+{
+	uint32_t *pids = NULL, *np;
+	size_t n = 0, cap = 0;
+	struct dirent *de;
+	DIR *d;
+	int fd = dup(image_dir());
+
+	if (fd < 0)
+		return -errno;
+	d = fdopendir(fd);
+	if (!d) {
+		close(fd);
+		return -errno;
+	}
+	rewinddir(d);
+	while ((de = readdir(d))) {
+		const char *nm = de->d_name;
+		unsigned long pid;
+		char *end;
+
+		if (!strncmp(nm, ".gpucr-", 7))
+			nm += 1;
+		if (strncmp(nm, "gpucr-", 6) || !strncmp(nm, "gpucr-pages-", 12))
+			continue;
+		pid = strtoul(nm + 6, &end, 10);
+		if (end == nm + 6 || (strcmp(end, ".img") && strcmp(end, ".img.partial")))
+			continue;
+		if (n == cap) {
+			cap = cap ? cap * 2 : 16;
+			np = realloc(pids, cap * sizeof(*np));
+			if (!np) {
+				free(pids);
+				closedir(d);
+				return -ENOMEM;
+			}
+			pids = np;
+		}
+		pids[n++] = (uint32_t)pid;
+	}
+	closedir(d);
+	*ret = pids;
+	*ret_n = n;
+	return 0;
 }
 
 /* Makes the GPU memory of one dumped process ready in gpucrd. */
@@ -379,7 +431,7 @@ static int prepare_all(void)
 	size_t n = 0, i;
 	int r = 0;
 
-	if (image_dir() < 0 || img_list(image_dir(), &pids, &n) < 0)
+	if (image_dir() < 0 || list_images(&pids, &n) < 0)
 		return 0;
 	for (i = 0; i < n && !r; i++) {
 		Gpucr__Msg *rep = NULL;

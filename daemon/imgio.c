@@ -588,6 +588,10 @@ int imgio_write(struct proc *p, int dirfd, struct img_stats *st, char *msg, size
 	if (r < 0)
 		goto out;
 
+	/* Fault injection for tests: a slow image write. */
+	if (env_u64("GPUCR_FI_IMAGE_DELAY_MS", 0))
+		usleep((useconds_t)(env_u64("GPUCR_FI_IMAGE_DELAY_MS", 0) * 1000));
+
 	/* The data. */
 	pages_size = img_writer_reserve(w, 0);
 	if (ftruncate(img_writer_pages_fd(w), (off_t)pages_size) < 0) {

@@ -39,6 +39,9 @@ not how fast they are on a GPU.
 TXT
 	export GPUCR_DRIVER_LIBCUDA=$B/fakecuda/libcuda.so.1 GPUCR_REAL_LIBCUDA=$B/fakecuda/libcuda.so.1
 	export FAKECUDA_STATE_DIR=$W
+	# The test driver runs "kernels" inside cuLaunchKernel on the CPU: give
+	# quiesce a grace period longer than one of them.
+	export GPUCR_QUIESCE_GRACE_MS=50
 	APP=("$B/tests/e2e-fake-app")
 	APP_ARGS_TAIL=(60 16)
 fi

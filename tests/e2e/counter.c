@@ -32,8 +32,10 @@ int main(int argc, char **argv)
 			fprintf(f, "%llu %llu\n", (unsigned long long)count, (unsigned long long)sum);
 			fclose(f);
 		}
-		if (limit >= 0 && (long)count >= limit)
+		if (limit >= 0 && (long)count >= limit) {
+			free(state);
 			return 0;
+		}
 		nanosleep(&ts, NULL);
 	}
 }

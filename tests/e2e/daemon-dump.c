@@ -218,8 +218,10 @@ static void *shim_main(void *arg)
 			reply(fd, req->id, 0);
 			close(fd);
 			sem_wait(&reconnect_sem);
-			if (shim_quit)
+			if (shim_quit) {
+				msg_free(req);
 				goto out;
+			}
 			fd = shim_connect(1);
 			break;
 		}

@@ -131,6 +131,7 @@ int main(int argc, char **argv)
 			fclose(f);
 		}
 	}
+	free(host);
 	if (children)
 		kill(0, SIGTERM);
 	return 0;

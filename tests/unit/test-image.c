@@ -16,6 +16,7 @@
 #define NBUF 3
 
 static char dir[] = "/tmp/gpucr-test-image-XXXXXX";
+static struct img_writer *leftover; /* the writer of a "killed" dump */
 static int dirfd_;
 static uint8_t *data[NBUF];
 static const uint64_t sizes[NBUF] = { 3 * CHUNK + 100, CHUNK, 2 * CHUNK };
@@ -89,6 +90,7 @@ static int write_image(int partial)
 	}
 	if (partial) {
 		/* A dump killed here leaves only the temporary files. */
+		leftover = w;
 		return 0;
 	}
 	r = img_writer_commit(w, NULL, &eb);
@@ -239,6 +241,8 @@ static void test_partial_left_by_killed_dump(void)
 	clean();
 	REQUIRE(write_image(1) == 0);
 	expect_refused(-ENODATA, "did not finish");
+	img_writer_abort(leftover);
+	leftover = NULL;
 }
 
 static void test_pages_truncated(void)

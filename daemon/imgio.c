@@ -213,6 +213,18 @@ static int xfer_mapped(struct xfer *x, int fd, uint64_t file_size)
 		return 0;
 	if ((size_t)n > x->nruns)
 		n = (int)x->nruns;
+	/* Writing through a mapping of a file system that runs out of space
+	 * kills the writer with SIGBUS: claim the space first, so a full disk
+	 * is an error here instead. */
+	if (x->write) {
+		int fr = posix_fallocate(fd, 0, (off_t)file_size);
+
+		if (fr && fr != EOPNOTSUPP && fr != EINVAL) {
+			set_err(x, -fr, "%s: %s%s", x->what, strerror(fr),
+				fr == ENOSPC ? " (the image's file system is full; no image was left behind)" : "");
+			return x->err;
+		}
+	}
 	x->map = mmap(NULL, file_size, x->write ? PROT_READ | PROT_WRITE : PROT_READ, MAP_SHARED, fd, 0);
 	if (x->map == MAP_FAILED) {
 		x->map = NULL;

@@ -570,7 +570,48 @@ int main(void)
 		CHECK(WIFEXITED(status) && (WEXITSTATUS(status) == 0 || WEXITSTATUS(status) == 77));
 	}
 
-	/* 6. a damaged chunk: the restore is refused and says where. */
+	/* 6. a full file system (a 4 MiB tmpfs; needs root): the dump says so,
+	 * leaves no image that looks complete and no partial files, and the
+	 * memory stays with gpucrd for a restore. The process is dumped and
+	 * the daemon restarted first, so this runs with the mapped engine
+	 * (tmpfs) of the next daemon. */
+	{
+		char small[] = "/tmp/gpucr-full-XXXXXX";
+		uint32_t *pids = NULL;
+		size_t np = 9;
+		int sfd;
+
+		REQUIRE(mkdtemp(small));
+		if (mount("tmpfs", small, "tmpfs", 0, "size=4m") == 0) {
+			REQUIRE(full_dump(c, dirfd, msg, sizeof(msg)) == 0);
+			kill_daemon();
+			start_daemon();
+			close(c);
+			c = cli();
+			restore_and_check(c, dirfd, 0);
+			sfd = open(small, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+			err = full_dump(c, sfd, msg, sizeof(msg));
+			CHECK(err != 0);
+			CHECK_CONTAINS(msg, "full");
+			CHECK_EQ_INT(img_list(sfd, &pids, &np), 0);
+			CHECK_EQ_INT(np, 0);
+			free(pids);
+			{
+				char cmd[200];
+
+				snprintf(cmd, sizeof(cmd), "test -z \"$(ls -A %s)\"", small);
+				CHECK(system(cmd) == 0);
+			}
+			restore_and_check(c, dirfd, 1);
+			close(sfd);
+			umount(small);
+		} else {
+			fprintf(stderr, "skipping the full-disk case: cannot mount a tmpfs here\n");
+		}
+		rmdir(small);
+	}
+
+	/* 7. a damaged chunk: the restore is refused and says where. */
 	err = full_dump(c, dirfd, msg, sizeof(msg));
 	REQUIRE(err == 0);
 	kill_daemon();
@@ -584,7 +625,7 @@ int main(void)
 	CHECK_EQ_INT(r->err, -EBADMSG);
 	CHECK_CONTAINS(r->err_msg, "fingerprint mismatch in chunk 0");
 	msg_free(r);
-	/* 7. a truncated data file is refused before anything is loaded. */
+	/* 8. a truncated data file is refused before anything is loaded. */
 	snprintf(p, sizeof(p), "%s/%s", dir, name);
 	REQUIRE(truncate(p, 8192) == 0);
 	r = restore(c, dirfd);

@@ -6,7 +6,7 @@
 #   time, time to the first step after the restore, image size; gpucr also
 #   from its image after a daemon restart; steady-state step time with and
 #   without gpucr's shim (the CUDA program and PyTorch training).
-# Writes RESULTS_DIR/<date>-<gpu>.{log,json,md,png} (default bench-results/).
+# Writes RESULTS_DIR/<date>-<gpu>.{log,json,md,png} (default: results/ beside this script).
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
 if [ -z "${B:-}" ]; then
@@ -16,7 +16,7 @@ fi
 [ -n "$B" ] && [ -x "$B/bin/criu" ] || { echo "no bundle found: run 'make bundle' first"; exit 1; }
 nvidia-smi -L >/dev/null 2>&1 || { echo "bench: no NVIDIA GPU here"; exit 77; }
 WORK=${WORK:-/dev/shm/gpucr-bench}
-RESULTS_DIR=${RESULTS_DIR:-bench-results}
+RESULTS_DIR=${RESULTS_DIR:-$here/results}
 rm -rf "$WORK"
 mkdir -p "$WORK" "$RESULTS_DIR"
 export B WORK PATH="$B/bin:$PATH"

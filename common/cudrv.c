@@ -66,3 +66,42 @@ int cudrv_load(const struct cudrv **ret, char *msg, size_t msglen)
 	*ret = &drv;
 	return 0;
 }
+
+CUresult cudrv_ckpt_op(const struct cudrv *d, int pid, enum cudrv_ckpt_op op, unsigned timeout_ms,
+		       CUprocessState *ret_state, int *ret_tid)
+{
+	switch (op) {
+	case CKPT_GET_STATE:
+		return d->cuCheckpointProcessGetState(pid, ret_state);
+	case CKPT_GET_RESTORE_TID:
+		if (!d->cuCheckpointProcessGetRestoreThreadId)
+			return CUDA_ERROR_NOT_SUPPORTED;
+		return d->cuCheckpointProcessGetRestoreThreadId(pid, ret_tid);
+	case CKPT_LOCK: {
+		CUcheckpointLockArgs a;
+
+		memset(&a, 0, sizeof(a));
+		a.timeoutMs = timeout_ms;
+		return d->cuCheckpointProcessLock(pid, &a);
+	}
+	case CKPT_CHECKPOINT: {
+		CUcheckpointCheckpointArgs a;
+
+		memset(&a, 0, sizeof(a));
+		return d->cuCheckpointProcessCheckpoint(pid, &a);
+	}
+	case CKPT_RESTORE: {
+		CUcheckpointRestoreArgs a;
+
+		memset(&a, 0, sizeof(a));
+		return d->cuCheckpointProcessRestore(pid, &a);
+	}
+	case CKPT_UNLOCK: {
+		CUcheckpointUnlockArgs a;
+
+		memset(&a, 0, sizeof(a));
+		return d->cuCheckpointProcessUnlock(pid, &a);
+	}
+	}
+	return CUDA_ERROR_INVALID_VALUE;
+}

@@ -80,6 +80,22 @@ struct cudrv {
  * error code (err.h) and says why in msg. The table lives until exit. */
 int cudrv_load(const struct cudrv **ret, char *msg, size_t msglen);
 
+/* The checkpoint API's operations; numbered as rpc.proto's DriverOpKind. */
+enum cudrv_ckpt_op {
+	CKPT_GET_STATE = 0,
+	CKPT_GET_RESTORE_TID = 1,
+	CKPT_LOCK = 2,
+	CKPT_CHECKPOINT = 3,
+	CKPT_RESTORE = 4,
+	CKPT_UNLOCK = 5,
+};
+
+/* Runs one of them on pid (timeout_ms for CKPT_LOCK; *ret_state for
+ * CKPT_GET_STATE, *ret_tid for CKPT_GET_RESTORE_TID). Returns the driver's
+ * result; CUDA_ERROR_NOT_SUPPORTED where the driver lacks the call. */
+CUresult cudrv_ckpt_op(const struct cudrv *d, int pid, enum cudrv_ckpt_op op, unsigned timeout_ms,
+		       CUprocessState *ret_state, int *ret_tid);
+
 /* True when the driver offers the checkpoint API (r570 or newer). */
 static inline int cudrv_has_checkpoint(const struct cudrv *d)
 {

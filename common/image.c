@@ -665,6 +665,11 @@ static int cmp_u32(const void *a, const void *b)
 
 int img_list(int dirfd, uint32_t **ret, size_t *ret_n)
 {
+	return img_list_all(dirfd, 0, ret, ret_n);
+}
+
+int img_list_all(int dirfd, int with_partial, uint32_t **ret, size_t *ret_n)
+{
 	uint32_t *pids = NULL;
 	size_t n = 0, cap = 0;
 	struct dirent *de;
@@ -681,13 +686,19 @@ int img_list(int dirfd, uint32_t **ret, size_t *ret_n)
 	}
 	rewinddir(d);
 	while ((de = readdir(d))) {
+		const char *nm = de->d_name;
 		unsigned long pid;
 		char *end;
+		int partial = 0;
 
-		if (strncmp(de->d_name, "gpucr-", 6) || !strncmp(de->d_name, "gpucr-pages-", 12))
+		if (with_partial && nm[0] == '.') {
+			nm++;
+			partial = 1;
+		}
+		if (strncmp(nm, "gpucr-", 6) || !strncmp(nm, "gpucr-pages-", 12))
 			continue;
-		pid = strtoul(de->d_name + 6, &end, 10);
-		if (end == de->d_name + 6 || strcmp(end, ".img") || pid > UINT32_MAX)
+		pid = strtoul(nm + 6, &end, 10);
+		if (end == nm + 6 || strcmp(end, partial ? ".img.partial" : ".img") || pid > UINT32_MAX)
 			continue;
 		if (n == cap) {
 			uint32_t *np;

@@ -102,6 +102,9 @@ int img_read_chunk(const struct gpucr_image *img, const Gpucr__Buffer *b, size_t
 
 /* Pids of the images in dirfd (gpucr-<pid>.img), sorted. *ret is malloc'd. */
 int img_list(int dirfd, uint32_t **ret, size_t *ret_n);
+/* The same, with with_partial also the images still being written
+ * (.gpucr-<pid>.img.partial); a pid may then appear twice. */
+int img_list_all(int dirfd, int with_partial, uint32_t **ret, size_t *ret_n);
 
 /* File names, for messages and tools. */
 void img_name(char *buf, size_t len, uint32_t pid);

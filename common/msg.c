@@ -3,6 +3,8 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <cuda.h>
+
 #include "frame.h"
 #include "msg.h"
 
@@ -81,4 +83,18 @@ const char *msg_body_name(const Gpucr__Msg *m)
 		return "empty";
 	f = protobuf_c_message_descriptor_get_field(&gpucr__msg__descriptor, m->body_case);
 	return f ? f->name : "unknown";
+}
+
+Gpucr__DriverState msg_driver_state(int st)
+{
+	switch (st) {
+	case CU_PROCESS_STATE_RUNNING:
+		return GPUCR__DRIVER_STATE__DRV_STATE_RUNNING;
+	case CU_PROCESS_STATE_LOCKED:
+		return GPUCR__DRIVER_STATE__DRV_STATE_LOCKED;
+	case CU_PROCESS_STATE_CHECKPOINTED:
+		return GPUCR__DRIVER_STATE__DRV_STATE_CHECKPOINTED;
+	default:
+		return GPUCR__DRIVER_STATE__DRV_STATE_FAILED;
+	}
 }

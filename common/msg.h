@@ -22,6 +22,9 @@ int msg_decode(const void *buf, size_t len, unsigned nfds_received, Gpucr__Msg *
 int msg_recv(int sock, Gpucr__Msg **ret, int *fds, unsigned max_fds, unsigned *ret_nfds);
 void msg_free(Gpucr__Msg *m);
 
+/* The driver's process state as the protocol reports it. */
+Gpucr__DriverState msg_driver_state(int cu_process_state);
+
 /* A short name for the body, for messages: "dump", "buffer_add", ... */
 const char *msg_body_name(const Gpucr__Msg *m);
 

@@ -14,6 +14,7 @@ static int local_op(int pid, Gpucr__DriverOpKind op, unsigned timeout_ms, Gpucr_
 		    int *ret_tid, char *msg, size_t msglen)
 {
 	const struct cudrv *d;
+	CUprocessState st = CU_PROCESS_STATE_RUNNING;
 	CUresult cr = CUDA_SUCCESS;
 	int r;
 
@@ -25,55 +26,11 @@ static int local_op(int pid, Gpucr__DriverOpKind op, unsigned timeout_ms, Gpucr_
 			 d->version);
 		return -EOPNOTSUPP;
 	}
-	switch (op) {
-	case GPUCR__DRIVER_OP_KIND__DRV_GET_STATE: {
-		CUprocessState st;
-
-		cr = d->cuCheckpointProcessGetState(pid, &st);
-		if (cr == CUDA_SUCCESS && ret_state)
-			*ret_state = st == CU_PROCESS_STATE_RUNNING	 ? GPUCR__DRIVER_STATE__DRV_STATE_RUNNING :
-				     st == CU_PROCESS_STATE_LOCKED	 ? GPUCR__DRIVER_STATE__DRV_STATE_LOCKED :
-				     st == CU_PROCESS_STATE_CHECKPOINTED ? GPUCR__DRIVER_STATE__DRV_STATE_CHECKPOINTED :
-									   GPUCR__DRIVER_STATE__DRV_STATE_FAILED;
-		break;
-	}
-	case GPUCR__DRIVER_OP_KIND__DRV_GET_RESTORE_TID:
-		cr = d->cuCheckpointProcessGetRestoreThreadId ?
-			     d->cuCheckpointProcessGetRestoreThreadId(pid, ret_tid) :
-			     CUDA_ERROR_NOT_SUPPORTED;
-		break;
-	case GPUCR__DRIVER_OP_KIND__DRV_LOCK: {
-		CUcheckpointLockArgs a;
-
-		memset(&a, 0, sizeof(a));
-		a.timeoutMs = timeout_ms;
-		cr = d->cuCheckpointProcessLock(pid, &a);
-		break;
-	}
-	case GPUCR__DRIVER_OP_KIND__DRV_CHECKPOINT: {
-		CUcheckpointCheckpointArgs a;
-
-		memset(&a, 0, sizeof(a));
-		cr = d->cuCheckpointProcessCheckpoint(pid, &a);
-		break;
-	}
-	case GPUCR__DRIVER_OP_KIND__DRV_RESTORE: {
-		CUcheckpointRestoreArgs a;
-
-		memset(&a, 0, sizeof(a));
-		cr = d->cuCheckpointProcessRestore(pid, &a);
-		break;
-	}
-	case GPUCR__DRIVER_OP_KIND__DRV_UNLOCK: {
-		CUcheckpointUnlockArgs a;
-
-		memset(&a, 0, sizeof(a));
-		cr = d->cuCheckpointProcessUnlock(pid, &a);
-		break;
-	}
-	default:
+	if ((unsigned)op > CKPT_UNLOCK)
 		return -EINVAL;
-	}
+	cr = cudrv_ckpt_op(d, pid, (enum cudrv_ckpt_op)op, timeout_ms, &st, ret_tid);
+	if (cr == CUDA_SUCCESS && op == GPUCR__DRIVER_OP_KIND__DRV_GET_STATE && ret_state)
+		*ret_state = msg_driver_state(st);
 	if (cr != CUDA_SUCCESS) {
 		r = gpucr_err_from_cu(cr);
 		snprintf(msg, msglen, "pid %d: driver call failed: %s", pid, gpucr_strerror(r));

@@ -18,7 +18,6 @@
  *   thread is woken and maps the memory at the same addresses.
  *
  * Hooks answer -ENOTSUP for processes without CUDA state. */
-#include <dirent.h>
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -357,52 +356,6 @@ static int has_gpucr_image(int pid)
 	return faccessat(image_dir(), name, F_OK, 0) == 0 || faccessat(image_dir(), partial, F_OK, 0) == 0;
 }
 
-/* Pids with a GPU image in the directory, complete or partial. */
-static int list_images(uint32_t **ret, size_t *ret_n)
-{
-	uint32_t *pids = NULL, *np;
-	size_t n = 0, cap = 0;
-	struct dirent *de;
-	DIR *d;
-	int fd = dup(image_dir());
-
-	if (fd < 0)
-		return -errno;
-	d = fdopendir(fd);
-	if (!d) {
-		close(fd);
-		return -errno;
-	}
-	rewinddir(d);
-	while ((de = readdir(d))) {
-		const char *nm = de->d_name;
-		unsigned long pid;
-		char *end;
-
-		if (!strncmp(nm, ".gpucr-", 7))
-			nm += 1;
-		if (strncmp(nm, "gpucr-", 6) || !strncmp(nm, "gpucr-pages-", 12))
-			continue;
-		pid = strtoul(nm + 6, &end, 10);
-		if (end == nm + 6 || (strcmp(end, ".img") && strcmp(end, ".img.partial")))
-			continue;
-		if (n == cap) {
-			cap = cap ? cap * 2 : 16;
-			np = realloc(pids, cap * sizeof(*np));
-			if (!np) {
-				free(pids);
-				closedir(d);
-				return -ENOMEM;
-			}
-			pids = np;
-		}
-		pids[n++] = (uint32_t)pid;
-	}
-	closedir(d);
-	*ret = pids;
-	*ret_n = n;
-	return 0;
-}
 
 /* Makes the GPU memory of one dumped process ready in gpucrd. */
 static int prepare_restore(int pid, Gpucr__Msg **ret)
@@ -431,9 +384,11 @@ static int prepare_all(void)
 	size_t n = 0, i;
 	int r = 0;
 
-	if (image_dir() < 0 || list_images(&pids, &n) < 0)
+	if (image_dir() < 0 || img_list_all(image_dir(), 1, &pids, &n) < 0)
 		return 0;
 	for (i = 0; i < n && !r; i++) {
+		if (i > 0 && pids[i] == pids[i - 1])
+			continue; /* complete and partial both there */
 		Gpucr__Msg *rep = NULL;
 
 		r = prepare_restore((int)pids[i], &rep);

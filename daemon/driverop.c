@@ -53,6 +53,7 @@ static void drv_work(void *data)
 	struct drv_job *j = data;
 	const struct cudrv *drv;
 	struct timespec t0, t1;
+	CUprocessState st = CU_PROCESS_STATE_RUNNING;
 	CUresult cr = CUDA_SUCCESS;
 	char gmsg[512];
 	int r;
@@ -71,61 +72,15 @@ static void drv_work(void *data)
 			 drv->version);
 		return;
 	}
-	clock_gettime(CLOCK_MONOTONIC, &t0);
-	switch (j->op) {
-	case GPUCR__DRIVER_OP_KIND__DRV_GET_STATE: {
-		CUprocessState st;
-
-		cr = drv->cuCheckpointProcessGetState(j->pid, &st);
-		if (cr == CUDA_SUCCESS) {
-			j->state = st == CU_PROCESS_STATE_RUNNING	 ? GPUCR__DRIVER_STATE__DRV_STATE_RUNNING :
-				   st == CU_PROCESS_STATE_LOCKED	 ? GPUCR__DRIVER_STATE__DRV_STATE_LOCKED :
-				   st == CU_PROCESS_STATE_CHECKPOINTED ? GPUCR__DRIVER_STATE__DRV_STATE_CHECKPOINTED :
-									 GPUCR__DRIVER_STATE__DRV_STATE_FAILED;
-		}
-		break;
-	}
-	case GPUCR__DRIVER_OP_KIND__DRV_GET_RESTORE_TID:
-		if (!drv->cuCheckpointProcessGetRestoreThreadId) {
-			cr = CUDA_ERROR_NOT_SUPPORTED;
-			break;
-		}
-		cr = drv->cuCheckpointProcessGetRestoreThreadId(j->pid, &j->tid);
-		break;
-	case GPUCR__DRIVER_OP_KIND__DRV_LOCK: {
-		CUcheckpointLockArgs a;
-
-		memset(&a, 0, sizeof(a));
-		a.timeoutMs = j->timeout_ms;
-		cr = drv->cuCheckpointProcessLock(j->pid, &a);
-		break;
-	}
-	case GPUCR__DRIVER_OP_KIND__DRV_CHECKPOINT: {
-		CUcheckpointCheckpointArgs a;
-
-		memset(&a, 0, sizeof(a));
-		cr = drv->cuCheckpointProcessCheckpoint(j->pid, &a);
-		break;
-	}
-	case GPUCR__DRIVER_OP_KIND__DRV_RESTORE: {
-		CUcheckpointRestoreArgs a;
-
-		memset(&a, 0, sizeof(a));
-		cr = drv->cuCheckpointProcessRestore(j->pid, &a);
-		break;
-	}
-	case GPUCR__DRIVER_OP_KIND__DRV_UNLOCK: {
-		CUcheckpointUnlockArgs a;
-
-		memset(&a, 0, sizeof(a));
-		cr = drv->cuCheckpointProcessUnlock(j->pid, &a);
-		break;
-	}
-	default:
+	if ((unsigned)j->op > CKPT_UNLOCK) {
 		j->err = -EINVAL;
 		snprintf(j->msg, sizeof(j->msg), "unknown driver operation %d", (int)j->op);
 		return;
 	}
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	cr = cudrv_ckpt_op(drv, j->pid, (enum cudrv_ckpt_op)j->op, j->timeout_ms, &st, &j->tid);
+	if (cr == CUDA_SUCCESS && j->op == GPUCR__DRIVER_OP_KIND__DRV_GET_STATE)
+		j->state = msg_driver_state(st);
 	clock_gettime(CLOCK_MONOTONIC, &t1);
 	j->ns = (uint64_t)(t1.tv_sec - t0.tv_sec) * 1000000000ull + (uint64_t)(t1.tv_nsec - t0.tv_nsec);
 	if (cr != CUDA_SUCCESS) {

@@ -153,44 +153,85 @@ static void image_summary(const char *dir)
 	close(dfd);
 }
 
-/* Waits until gpucrd has written every GPU image of a dump into dir. */
-static int wait_images(const char *dir, double t0)
+/* The processes gpucrd dumps into dir (real path); returns how many of them
+ * are still writing their image, and the bytes done and to do. */
+static int images_in_progress(const char *real, uint32_t *pids, size_t max, size_t *n, uint64_t *done,
+			      uint64_t *total)
 {
 	Gpucr__Msg m = GPUCR__MSG__INIT, *rep = NULL;
 	Gpucr__PsRequest ps = GPUCR__PS_REQUEST__INIT;
-	char real[PATH_MAX];
-	int bad = 0;
+	int writing = 0;
 	size_t i;
 
-	if (!realpath(dir, real) || cli_connect(NULL) < 0)
-		return 0; /* no daemon: no GPU images of gpucr's */
+	*n = 0;
+	*done = *total = 0;
 	m.body_case = GPUCR__MSG__BODY_PS;
 	m.ps = &ps;
 	if (cli_call(&m, -1, &rep) < 0 || rep->err || rep->body_case != GPUCR__MSG__BODY_PS_REPLY) {
 		msg_free(rep);
-		return 0;
+		return -EIO;
 	}
 	for (i = 0; i < rep->ps_reply->n_procs; i++) {
 		Gpucr__ProcInfo *p = rep->ps_reply->procs[i];
-		Gpucr__Msg wm = GPUCR__MSG__INIT, *wr = NULL;
-		Gpucr__DumpWait w = GPUCR__DUMP_WAIT__INIT;
 
 		if (!p->image_dir || strcmp(p->image_dir, real))
 			continue;
-		w.pid = p->pid;
+		if (*n < max)
+			pids[(*n)++] = p->pid;
+		if (p->has_image_total_bytes) {
+			writing++;
+			*done += p->image_done_bytes;
+			*total += p->image_total_bytes;
+		}
+	}
+	msg_free(rep);
+	return writing;
+}
+
+/* Waits until gpucrd has written every GPU image of a dump into dir,
+ * showing progress (bytes, GB/s, time left) while it lasts. */
+static int wait_images(const char *dir, double t0)
+{
+	uint32_t pids[256];
+	uint64_t done, total;
+	int bad = 0, tty = isatty(STDERR_FILENO), shown = 0, writing;
+	double start = now(), last = 0;
+	char real[PATH_MAX];
+	size_t n, i;
+
+	if (!realpath(dir, real) || cli_connect(NULL) < 0)
+		return 0; /* no daemon: no GPU images of gpucr's */
+	while ((writing = images_in_progress(real, pids, 256, &n, &done, &total)) > 0) {
+		double t = now(), rate = (t - start) > 0 ? done / (t - start) : 0;
+
+		if (total && (tty || t - last >= 2.0)) {
+			fprintf(stderr, "%sgpucr dump: writing %d GPU image(s): %.1f of %.1f GiB, %.1f GB/s, %.0f s left%s",
+				tty ? "\r" : "", writing, done / 1073741824.0, total / 1073741824.0, rate / 1e9,
+				rate > 0 ? (total - done) / rate : 0.0, tty ? "   " : "\n");
+			last = t;
+			shown = 1;
+		}
+		usleep(200000);
+	}
+	if (shown && tty)
+		fputc('\n', stderr);
+	for (i = 0; i < n; i++) {
+		Gpucr__Msg wm = GPUCR__MSG__INIT, *wr = NULL;
+		Gpucr__DumpWait w = GPUCR__DUMP_WAIT__INIT;
+
+		w.pid = pids[i];
 		wm.body_case = GPUCR__MSG__BODY_DUMP_WAIT;
 		wm.dump_wait = &w;
 		if (cli_call(&wm, -1, &wr) < 0 || wr->err) {
-			fprintf(stderr, "gpucr dump: pid %u: the GPU image was not written: %s\n", p->pid,
+			fprintf(stderr, "gpucr dump: pid %u: the GPU image was not written: %s\n", pids[i],
 				wr && wr->err_msg ? wr->err_msg : "gpucrd did not answer");
 			bad++;
 		} else {
-			printf("gpucr dump: GPU image of pid %u complete %.2f s after the dump started\n", p->pid,
+			printf("gpucr dump: GPU image of pid %u complete %.2f s after the dump started\n", pids[i],
 			       now() - t0);
 		}
 		msg_free(wr);
 	}
-	msg_free(rep);
 	return bad ? -EIO : 0;
 }
 

@@ -170,6 +170,8 @@ static void write_work(void *data)
 {
 	struct dump_op *op = data;
 
+	op->st.progress_done = &op->p->io_done;
+	op->st.progress_total = &op->p->io_total;
 	op->err = imgio_write(op->p, op->dirfd, &op->st, op->msg, sizeof(op->msg));
 }
 
@@ -364,6 +366,7 @@ int dump_start(struct daemon *d, struct conn *c, const Gpucr__Msg *req, int dirf
 	conn_hold(c);
 	p->dump = op;
 	p->image_done = 0;
+	p->io_done = p->io_total = 0;
 	p->image_dir[0] = 0;
 	{
 		char link[64];

@@ -47,6 +47,8 @@ struct proc {
 	struct conn *remap_waiting; /* reattached shim waiting for the image write */
 	uint64_t t_restore;         /* when the restore request came */
 	int remaps_left;
+	/* progress of the image being written, updated by the worker */
+	uint64_t io_done, io_total;
 	struct proc *next;
 };
 
@@ -101,6 +103,7 @@ int wake_proc(struct daemon *d, struct conn *c, const Gpucr__Msg *req);
 
 /* imgio.c: runs on worker threads. */
 struct img_stats {
+	uint64_t *progress_done, *progress_total;  /* if set: updated as data moves */
 	uint64_t bytes, stored, elapsed_ns;
 	uint32_t control_tid, uid;      /* imgio_read: from the image header */
 	char comm[64];

@@ -59,6 +59,7 @@ struct xfer {
 	int err;
 	char *msg;
 	size_t msglen;
+	uint64_t *progress;     /* mirror of done for ps, or NULL */
 	/* mmap engine */
 	uint8_t *map;
 	size_t slot_size;
@@ -129,6 +130,8 @@ static void account(struct xfer *x, uint64_t bytes)
 
 	pthread_mutex_lock(&x->lock);
 	x->done += bytes;
+	if (x->progress)
+		__atomic_store_n(x->progress, x->done, __ATOMIC_RELAXED);
 	t = now_ns();
 	if (t - x->last_report >= 2000000000ull && x->total) {
 		double secs = (t - x->t0) / 1e9, rate = secs > 0 ? x->done / secs : 0;
@@ -467,7 +470,13 @@ int imgio_write(struct proc *p, int dirfd, struct img_stats *st, char *msg, size
 	char writer[64];
 	struct timespec rt;
 
-	memset(st, 0, sizeof(*st));
+	{
+		uint64_t *pd = st->progress_done, *pt = st->progress_total;
+
+		memset(st, 0, sizeof(*st));
+		st->progress_done = pd;
+		st->progress_total = pt;
+	}
 	bufs = calloc(p->nbufs ? p->nbufs : 1, sizeof(*bufs));
 	recs = calloc(p->nbufs ? p->nbufs : 1, sizeof(*recs));
 	if (!bufs || !recs) {
@@ -600,6 +609,8 @@ int imgio_write(struct proc *p, int dirfd, struct img_stats *st, char *msg, size
 	if (r < 0)
 		goto out;
 
+	if (st->progress_total)
+		__atomic_store_n(st->progress_total, st->stored, __ATOMIC_RELAXED);
 	/* Fault injection for tests: a slow image write. */
 	if (env_u64("GPUCR_FI_IMAGE_DELAY_MS", 0))
 		usleep((useconds_t)(env_u64("GPUCR_FI_IMAGE_DELAY_MS", 0) * 1000));
@@ -617,6 +628,7 @@ int imgio_write(struct proc *p, int dirfd, struct img_stats *st, char *msg, size
 	x.write = 1;
 	x.pid = p->pid;
 	x.what = "writing the GPU image";
+	x.progress = st->progress_done;
 	x.runs = runs;
 	x.nruns = nruns;
 	x.msg = msg;

@@ -337,6 +337,11 @@ static int on_ps(struct conn *c, Gpucr__Msg *req)
 		pi->retained = p->shim == NULL && p->nbufs > 0;
 		if (p->image_dir[0])
 			pi->image_dir = p->image_dir;
+		if (p->dump) {
+			pi->has_image_done_bytes = pi->has_image_total_bytes = 1;
+			pi->image_done_bytes = __atomic_load_n(&p->io_done, __ATOMIC_RELAXED);
+			pi->image_total_bytes = __atomic_load_n(&p->io_total, __ATOMIC_RELAXED);
+		}
 		ptrs[i++] = pi;
 	}
 	pr.n_procs = i;

@@ -175,7 +175,10 @@ for _ in $(seq 1 250); do ls "$W"/background/gpucr-*.img >/dev/null 2>&1 && brea
 	bad "background: image missing or damaged"
 
 # 8. gpucr dump / gpucr restore: CRIU runs without waiting for the image,
-# the command waits for it and reports.
+# the command waits for it, showing progress, and reports (the image write
+# is slowed down so there is progress to show).
+stop_daemon
+GPUCR_FI_IMAGE_DELAY_MS=2500 start_daemon
 cat >"$W/cli.sh" <<FLOW
 set -u
 setsid $B/bin/gpucr run --socket $GPUCR_SOCKET -- env GPUCR_REAL_LIBCUDA=$FAKE $B/tests/e2e-fake-app $W/cli.out $STEPS 4 </dev/null >$W/cli.app.log 2>&1 &
@@ -189,7 +192,11 @@ FLOW
 "$B/tests/e2e-subreaper" bash "$W/cli.sh" >"$W/cli.flow.log" 2>&1
 grep -q "GPU image of pid .* complete" "$W/cli.flow.log" && ok "cli: gpucr dump waited for the GPU image" ||
 	{ bad "cli: no image completion reported"; tail -8 "$W/cli.flow.log" | sed 's/^/    /'; }
+grep -q "writing 1 GPU image(s): .* GiB" "$W/cli.flow.log" && ok "cli: progress shown while the image was written" ||
+	{ bad "cli: no progress line"; tail -8 "$W/cli.flow.log" | sed 's/^/    /'; }
 check_same cli
+stop_daemon
+start_daemon
 
 echo "$fails failure(s)"
 [ $fails = 0 ]

@@ -23,20 +23,23 @@ struct pages_header {
 	uint32_t version;
 	uint32_t pid;
 	uint8_t image_id[16];
+	uint32_t index;         /* which pages file this is */
+	uint32_t count;         /* of how many */
 };
 
 struct img_writer {
 	int dirfd;
 	uint32_t pid;
 	int img_fd;
-	int pages_fd;
+	unsigned npages;
+	int pages_fds[IMG_MAX_PAGES_FILES];
+	uint64_t pages_ends[IMG_MAX_PAGES_FILES];
+	char pages_tmps[IMG_MAX_PAGES_FILES][80];
 	uint64_t img_off;
-	uint64_t pages_end;
 	uint32_t nbuffers;
 	uint8_t image_id[16];
 	pthread_mutex_t lock;
 	char img_tmp[64];
-	char pages_tmp[64];
 };
 
 static int set_err(struct img_errbuf *eb, int err, const char *fmt, ...)
@@ -62,6 +65,14 @@ void img_name(char *buf, size_t len, uint32_t pid)
 void img_pages_name(char *buf, size_t len, uint32_t pid)
 {
 	snprintf(buf, len, "gpucr-pages-%" PRIu32 ".img", pid);
+}
+
+void img_pages_name_n(char *buf, size_t len, uint32_t pid, unsigned k)
+{
+	if (k == 0)
+		img_pages_name(buf, len, pid);
+	else
+		snprintf(buf, len, "gpucr-pages-%" PRIu32 ".%u.img", pid, k);
 }
 
 static int write_full(int fd, uint64_t off, const void *buf, size_t len)
@@ -148,6 +159,7 @@ int img_writer_open(int dirfd, uint32_t pid, Gpucr__ImageHeader *hdr, struct img
 	uint8_t filehdr[16];
 	uint8_t *block = NULL;
 	struct img_writer *w;
+	unsigned k;
 	int r;
 
 	w = calloc(1, sizeof(*w));
@@ -155,20 +167,30 @@ int img_writer_open(int dirfd, uint32_t pid, Gpucr__ImageHeader *hdr, struct img
 		return set_err(eb, -ENOMEM, "out of memory");
 	w->dirfd = dirfd;
 	w->pid = pid;
-	w->img_fd = w->pages_fd = -1;
+	w->img_fd = -1;
+	w->npages = hdr->has_pages_files && hdr->pages_files > 1 ? hdr->pages_files : 1;
+	if (w->npages > IMG_MAX_PAGES_FILES)
+		w->npages = IMG_MAX_PAGES_FILES;
+	for (k = 0; k < IMG_MAX_PAGES_FILES; k++)
+		w->pages_fds[k] = -1;
 	pthread_mutex_init(&w->lock, NULL);
 	snprintf(w->img_tmp, sizeof(w->img_tmp), ".gpucr-%" PRIu32 ".img.partial", pid);
-	snprintf(w->pages_tmp, sizeof(w->pages_tmp), ".gpucr-pages-%" PRIu32 ".img.partial", pid);
 
 	w->img_fd = openat(dirfd, w->img_tmp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
 	if (w->img_fd < 0) {
 		r = set_err(eb, -errno, "cannot create %s: %s", w->img_tmp, strerror(errno));
 		goto fail;
 	}
-	w->pages_fd = openat(dirfd, w->pages_tmp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-	if (w->pages_fd < 0) {
-		r = set_err(eb, -errno, "cannot create %s: %s", w->pages_tmp, strerror(errno));
-		goto fail;
+	for (k = 0; k < w->npages; k++) {
+		char name[48];
+
+		img_pages_name_n(name, sizeof(name), pid, k);
+		snprintf(w->pages_tmps[k], sizeof(w->pages_tmps[k]), ".%s.partial", name);
+		w->pages_fds[k] = openat(dirfd, w->pages_tmps[k], O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+		if (w->pages_fds[k] < 0) {
+			r = set_err(eb, -errno, "cannot create %s: %s", w->pages_tmps[k], strerror(errno));
+			goto fail;
+		}
 	}
 
 	/* The record gets the format version, pid and a fresh image id; the
@@ -176,6 +198,8 @@ int img_writer_open(int dirfd, uint32_t pid, Gpucr__ImageHeader *hdr, struct img
 	hcopy = *hdr;
 	hcopy.format_version = IMG_FORMAT_VERSION;
 	hcopy.pid = pid;
+	hcopy.has_pages_files = w->npages > 1;
+	hcopy.pages_files = w->npages;
 	if (!hcopy.has_image_id || hcopy.image_id.len != sizeof(w->image_id)) {
 		if (getrandom(w->image_id, sizeof(w->image_id), 0) != sizeof(w->image_id)) {
 			r = set_err(eb, -EIO, "getrandom failed for the image id");
@@ -208,52 +232,82 @@ int img_writer_open(int dirfd, uint32_t pid, Gpucr__ImageHeader *hdr, struct img
 		r = set_err(eb, -ENOMEM, "out of memory");
 		goto fail;
 	}
-	memset(&ph, 0, sizeof(ph));
-	memcpy(ph.magic, IMG_PAGES_MAGIC, 8);
-	ph.version = IMG_FORMAT_VERSION;
-	ph.pid = pid;
-	memcpy(ph.image_id, w->image_id, sizeof(ph.image_id));
-	memcpy(block, &ph, sizeof(ph));
-	r = write_full(w->pages_fd, 0, block, IMG_PAGES_HEADER);
-	free(block);
-	if (r < 0) {
-		set_err(eb, r, "%s: write: %s", w->pages_tmp, strerror(-r));
-		goto fail;
+	for (k = 0; k < w->npages; k++) {
+		memset(&ph, 0, sizeof(ph));
+		memcpy(ph.magic, IMG_PAGES_MAGIC, 8);
+		ph.version = IMG_FORMAT_VERSION;
+		ph.pid = pid;
+		memcpy(ph.image_id, w->image_id, sizeof(ph.image_id));
+		ph.index = k;
+		ph.count = w->npages;
+		memcpy(block, &ph, sizeof(ph));
+		r = write_full(w->pages_fds[k], 0, block, IMG_PAGES_HEADER);
+		if (r < 0) {
+			set_err(eb, r, "%s: write: %s", w->pages_tmps[k], strerror(-r));
+			goto fail;
+		}
+		w->pages_ends[k] = IMG_PAGES_HEADER;
 	}
-	w->pages_end = IMG_PAGES_HEADER;
+	free(block);
 	*ret = w;
 	return 0;
 fail:
+	free(block);
 	img_writer_abort(w);
 	return r;
 }
 
-uint64_t img_writer_reserve(struct img_writer *w, uint64_t len)
+unsigned img_writer_files(const struct img_writer *w)
+{
+	return w->npages;
+}
+
+uint64_t img_writer_reserve_in(struct img_writer *w, unsigned file, uint64_t len)
 {
 	uint64_t off;
 
+	if (file >= w->npages)
+		file = 0;
 	pthread_mutex_lock(&w->lock);
-	off = w->pages_end;
-	w->pages_end += (len + IMG_ALIGN - 1) & ~(uint64_t)(IMG_ALIGN - 1);
+	off = w->pages_ends[file];
+	w->pages_ends[file] += (len + IMG_ALIGN - 1) & ~(uint64_t)(IMG_ALIGN - 1);
 	pthread_mutex_unlock(&w->lock);
 	return off;
 }
 
+uint64_t img_writer_reserve(struct img_writer *w, uint64_t len)
+{
+	return img_writer_reserve_in(w, 0, len);
+}
+
+int img_writer_pages_fd_n(struct img_writer *w, unsigned file)
+{
+	return file < w->npages ? w->pages_fds[file] : -1;
+}
+
 int img_writer_pages_fd(struct img_writer *w)
 {
-	return w->pages_fd;
+	return w->pages_fds[0];
+}
+
+int img_writer_open_pages_direct_n(struct img_writer *w, unsigned file)
+{
+	int fd;
+
+	if (file >= w->npages)
+		return -EINVAL;
+	fd = openat(w->dirfd, w->pages_tmps[file], O_WRONLY | O_DIRECT | O_CLOEXEC);
+	return fd < 0 ? -errno : fd;
 }
 
 int img_writer_open_pages_direct(struct img_writer *w)
 {
-	int fd = openat(w->dirfd, w->pages_tmp, O_WRONLY | O_DIRECT | O_CLOEXEC);
-
-	return fd < 0 ? -errno : fd;
+	return img_writer_open_pages_direct_n(w, 0);
 }
 
 int img_writer_write_pages(struct img_writer *w, uint64_t off, const void *buf, size_t len)
 {
-	return write_full(w->pages_fd, off, buf, len);
+	return write_full(w->pages_fds[0], off, buf, len);
 }
 
 int img_writer_add_buffer(struct img_writer *w, const Gpucr__Buffer *b, struct img_errbuf *eb)
@@ -278,19 +332,23 @@ static int fsync_err(int fd)
 int img_writer_commit(struct img_writer *w, const Gpucr__ImageTrailer *stats, struct img_errbuf *eb)
 {
 	Gpucr__ImageTrailer t = GPUCR__IMAGE_TRAILER__INIT;
-	char img_final[64], pages_final[64];
-	int r;
+	char img_final[64], pages_final[IMG_MAX_PAGES_FILES][64];
+	unsigned k, renamed = 0;
+	int r = 0;
 
 	if (stats)
 		t = *stats;
 	t.buffer_count = w->nbuffers;
-	t.pages_size = w->pages_end;
-	/* The pages file may end in a reserved but sparse region: give it its
+	t.pages_size = w->pages_ends[0];
+	t.n_pages_sizes = w->npages;
+	t.pages_sizes = w->pages_ends;
+	/* A pages file may end in a reserved but sparse region: give it its
 	 * full length so readers can check every chunk lies inside it. */
-	if (ftruncate(w->pages_fd, (off_t)w->pages_end) < 0) {
-		r = set_err(eb, -errno, "%s: truncate: %s", w->pages_tmp, strerror(errno));
-		goto fail;
-	}
+	for (k = 0; k < w->npages; k++)
+		if (ftruncate(w->pages_fds[k], (off_t)w->pages_ends[k]) < 0) {
+			r = set_err(eb, -errno, "%s: truncate: %s", w->pages_tmps[k], strerror(errno));
+			goto fail;
+		}
 	pthread_mutex_lock(&w->lock);
 	r = write_record(w, IMG_REC_TRAILER, &t.base);
 	pthread_mutex_unlock(&w->lock);
@@ -298,7 +356,8 @@ int img_writer_commit(struct img_writer *w, const Gpucr__ImageTrailer *stats, st
 		set_err(eb, r, "%s: trailer: %s", w->img_tmp, strerror(-r));
 		goto fail;
 	}
-	r = fsync_err(w->pages_fd);
+	for (k = 0; k < w->npages && !r; k++)
+		r = fsync_err(w->pages_fds[k]);
 	if (r == 0)
 		r = fsync_err(w->img_fd);
 	if (r < 0) {
@@ -306,29 +365,34 @@ int img_writer_commit(struct img_writer *w, const Gpucr__ImageTrailer *stats, st
 		goto fail;
 	}
 	img_name(img_final, sizeof(img_final), w->pid);
-	img_pages_name(pages_final, sizeof(pages_final), w->pid);
 	/* Pages first: an image file is only ever seen beside its data. */
-	if (renameat(w->dirfd, w->pages_tmp, w->dirfd, pages_final) < 0) {
-		r = set_err(eb, -errno, "rename %s: %s", w->pages_tmp, strerror(errno));
-		goto fail;
+	for (k = 0; k < w->npages; k++) {
+		img_pages_name_n(pages_final[k], sizeof(pages_final[k]), w->pid, k);
+		if (renameat(w->dirfd, w->pages_tmps[k], w->dirfd, pages_final[k]) < 0) {
+			r = set_err(eb, -errno, "rename %s: %s", w->pages_tmps[k], strerror(errno));
+			goto unrename;
+		}
+		renamed++;
 	}
 	if (renameat(w->dirfd, w->img_tmp, w->dirfd, img_final) < 0) {
 		r = set_err(eb, -errno, "rename %s: %s", w->img_tmp, strerror(errno));
-		unlinkat(w->dirfd, pages_final, 0);
-		goto fail;
+		goto unrename;
 	}
 	r = fsync_err(w->dirfd);
 	if (r < 0 && r != -EINVAL && r != -EROFS) {
 		set_err(eb, r, "fsync of the image directory: %s", strerror(-r));
 		unlinkat(w->dirfd, img_final, 0);
-		unlinkat(w->dirfd, pages_final, 0);
-		goto fail;
+		goto unrename;
 	}
 	close(w->img_fd);
-	close(w->pages_fd);
+	for (k = 0; k < w->npages; k++)
+		close(w->pages_fds[k]);
 	pthread_mutex_destroy(&w->lock);
 	free(w);
 	return 0;
+unrename:
+	for (k = 0; k < renamed; k++)
+		unlinkat(w->dirfd, pages_final[k], 0);
 fail:
 	img_writer_abort(w);
 	return r;
@@ -336,16 +400,19 @@ fail:
 
 void img_writer_abort(struct img_writer *w)
 {
+	unsigned k;
+
 	if (!w)
 		return;
 	if (w->img_fd >= 0) {
 		close(w->img_fd);
 		unlinkat(w->dirfd, w->img_tmp, 0);
 	}
-	if (w->pages_fd >= 0) {
-		close(w->pages_fd);
-		unlinkat(w->dirfd, w->pages_tmp, 0);
-	}
+	for (k = 0; k < IMG_MAX_PAGES_FILES; k++)
+		if (w->pages_fds[k] >= 0) {
+			close(w->pages_fds[k]);
+			unlinkat(w->dirfd, w->pages_tmps[k], 0);
+		}
 	pthread_mutex_destroy(&w->lock);
 	free(w);
 }
@@ -378,8 +445,9 @@ void img_free(struct gpucr_image *img)
 	free(img->buffers);
 	if (img->trailer)
 		gpucr__image_trailer__free_unpacked(img->trailer, NULL);
-	if (img->pages_fd >= 0)
-		close(img->pages_fd);
+	for (i = 0; i < img->npages; i++)
+		if (img->pages_fds[i] >= 0)
+			close(img->pages_fds[i]);
 	free(img);
 }
 
@@ -397,38 +465,53 @@ static int add_buffer(struct gpucr_image *img, Gpucr__Buffer *b)
 	return 0;
 }
 
-/* Checks the pages file against the header and trailer, and every chunk of
- * every buffer against the pages file. */
-static int check_pages(struct gpucr_image *img, const char *pname, struct img_errbuf *eb)
+/* Checks every pages file against the header and trailer, and every chunk
+ * of every buffer against its pages file. */
+static int check_pages(struct gpucr_image *img, struct img_errbuf *eb)
 {
 	struct pages_header ph;
+	char pname[64];
 	struct stat st;
+	unsigned k;
 	size_t i, j;
 	int r;
 
-	if (fstat(img->pages_fd, &st) < 0)
-		return set_err(eb, -errno, "%s: %s", pname, strerror(errno));
-	img->pages_size = (uint64_t)st.st_size;
-	r = read_full(img->pages_fd, 0, &ph, sizeof(ph));
-	if (r < 0 || memcmp(ph.magic, IMG_PAGES_MAGIC, 8))
-		return set_err(eb, -EBADMSG, "%s: not a gpucr pages file (bad magic)", pname);
-	if (ph.pid != img->pid)
-		return set_err(eb, -EBADMSG, "%s: belongs to pid %" PRIu32 ", not %" PRIu32, pname,
-			       ph.pid, img->pid);
-	if (img->hdr->has_image_id && img->hdr->image_id.len == 16 &&
-	    memcmp(ph.image_id, img->hdr->image_id.data, 16))
-		return set_err(eb, -EBADMSG,
-			       "%s: belongs to another dump of pid %" PRIu32 " (image id differs)",
-			       pname, img->pid);
-	if (img->pages_size != img->trailer->pages_size)
-		return set_err(eb, -EBADMSG,
-			       "%s: truncated or extended: %" PRIu64 " bytes, the image says %" PRIu64,
-			       pname, img->pages_size, img->trailer->pages_size);
+	img->pages_size = 0;
+	for (k = 0; k < img->npages; k++) {
+		uint64_t want = img->trailer->n_pages_sizes > k ? img->trailer->pages_sizes[k] :
+				k == 0 ? img->trailer->pages_size : 0;
+
+		img_pages_name_n(pname, sizeof(pname), img->pid, k);
+		if (fstat(img->pages_fds[k], &st) < 0)
+			return set_err(eb, -errno, "%s: %s", pname, strerror(errno));
+		img->pages_sizes[k] = (uint64_t)st.st_size;
+		img->pages_size += img->pages_sizes[k];
+		memset(&ph, 0, sizeof(ph));
+		r = read_full(img->pages_fds[k], 0, &ph, sizeof(ph));
+		if (r < 0 || memcmp(ph.magic, IMG_PAGES_MAGIC, 8))
+			return set_err(eb, -EBADMSG, "%s: not a gpucr pages file (bad magic)", pname);
+		if (ph.pid != img->pid)
+			return set_err(eb, -EBADMSG, "%s: belongs to pid %" PRIu32 ", not %" PRIu32, pname,
+				       ph.pid, img->pid);
+		if (img->hdr->has_image_id && img->hdr->image_id.len == 16 &&
+		    memcmp(ph.image_id, img->hdr->image_id.data, 16))
+			return set_err(eb, -EBADMSG,
+				       "%s: belongs to another dump of pid %" PRIu32 " (image id differs)",
+				       pname, img->pid);
+		if (ph.index != k || (ph.count ? ph.count : 1) != img->npages)
+			return set_err(eb, -EBADMSG, "%s: is pages file %u of %u, expected %u of %u", pname,
+				       ph.index, ph.count, k, img->npages);
+		if (img->pages_sizes[k] != want)
+			return set_err(eb, -EBADMSG,
+				       "%s: truncated or extended: %" PRIu64 " bytes, the image says %" PRIu64,
+				       pname, img->pages_sizes[k], want);
+	}
 	for (i = 0; i < img->nbuffers; i++) {
 		const Gpucr__Buffer *b = img->buffers[i];
 
 		for (j = 0; j < b->n_chunks; j++) {
 			const Gpucr__Chunk *c = b->chunks[j];
+			unsigned f = c->has_file ? c->file : 0;
 
 			if (c->offset + c->length > b->size || c->offset + c->length < c->offset)
 				return set_err(eb, -EBADMSG,
@@ -436,12 +519,18 @@ static int check_pages(struct gpucr_image *img, const char *pname, struct img_er
 					       b->va, j);
 			if (c->has_zero && c->zero)
 				continue;
+			if (f >= img->npages)
+				return set_err(eb, -EBADMSG,
+					       "buffer 0x%" PRIx64 ": chunk %zu is in pages file %u of %u", b->va,
+					       j, f, img->npages);
 			if (!c->has_data_offset || c->data_offset % IMG_ALIGN ||
 			    c->data_offset < IMG_PAGES_HEADER ||
-			    c->data_offset + c->length > img->pages_size)
+			    c->data_offset + c->length > img->pages_sizes[f]) {
+				img_pages_name_n(pname, sizeof(pname), img->pid, f);
 				return set_err(eb, -EBADMSG,
 					       "buffer 0x%" PRIx64 ": chunk %zu points outside %s", b->va,
 					       j, pname);
+			}
 		}
 	}
 	return 0;
@@ -479,6 +568,8 @@ int img_read(int dirfd, uint32_t pid, struct gpucr_image **ret, struct img_errbu
 	}
 	img->pid = pid;
 	img->pages_fd = -1;
+	for (r = 0; r < IMG_MAX_PAGES_FILES; r++)
+		img->pages_fds[r] = -1;
 
 	if (fstat(fd, &st) < 0) {
 		r = set_err(eb, -errno, "%s: %s", name, strerror(errno));
@@ -608,12 +699,23 @@ int img_read(int dirfd, uint32_t pid, struct gpucr_image **ret, struct img_errbu
 			    img->nbuffers, img->trailer->buffer_count);
 		goto fail;
 	}
-	img->pages_fd = openat(dirfd, pname, O_RDONLY | O_CLOEXEC);
-	if (img->pages_fd < 0) {
-		r = set_err(eb, -errno, "%s: %s (the image's data file)", pname, strerror(errno));
+	img->npages = img->hdr->has_pages_files && img->hdr->pages_files > 1 ? img->hdr->pages_files : 1;
+	if (img->npages > IMG_MAX_PAGES_FILES) {
+		r = set_err(eb, -EBADMSG, "%s: %u pages files; at most %d are read", name, img->npages,
+			    IMG_MAX_PAGES_FILES);
+		img->npages = 0;
 		goto fail;
 	}
-	r = check_pages(img, pname, eb);
+	for (unsigned k = 0; k < img->npages; k++) {
+		img_pages_name_n(pname, sizeof(pname), pid, k);
+		img->pages_fds[k] = openat(dirfd, pname, O_RDONLY | O_CLOEXEC);
+		if (img->pages_fds[k] < 0) {
+			r = set_err(eb, -errno, "%s: %s (the image's data file)", pname, strerror(errno));
+			goto fail;
+		}
+	}
+	img->pages_fd = img->pages_fds[0];
+	r = check_pages(img, eb);
 	if (r < 0)
 		goto fail;
 	close(fd);
@@ -639,7 +741,8 @@ int img_read_chunk(const struct gpucr_image *img, const Gpucr__Buffer *b, size_t
 	if (c->has_zero && c->zero) {
 		memset(buf, 0, c->length);
 	} else {
-		r = read_full(img->pages_fd, c->data_offset, buf, c->length);
+		r = read_full(img->pages_fds[c->has_file && c->file < img->npages ? c->file : 0], c->data_offset,
+			      buf, c->length);
 		if (r < 0)
 			return set_err(eb, r, "buffer 0x%" PRIx64 ": chunk %zu: read: %s", b->va,
 				       chunk_idx, strerror(-r));

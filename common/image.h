@@ -28,6 +28,8 @@
 #define IMG_PAGES_HEADER IMG_ALIGN
 /* Largest record payload a reader accepts (a Buffer with many chunks). */
 #define IMG_RECORD_MAX (64u << 20)
+/* Most pages files one image may have. */
+#define IMG_MAX_PAGES_FILES 64
 
 enum img_record_type {
 	IMG_REC_HEADER = 1,
@@ -52,13 +54,20 @@ int img_writer_open(int dirfd, uint32_t pid, Gpucr__ImageHeader *hdr, struct img
 		    struct img_errbuf *eb);
 
 /* Reserves len bytes of chunk data, rounded up to IMG_ALIGN, and returns the
- * file offset where they go (IMG_ALIGN aligned). Thread-safe. */
+ * file offset where they go (IMG_ALIGN aligned), in the first pages file or
+ * in pages file `file`. Thread-safe. */
 uint64_t img_writer_reserve(struct img_writer *w, uint64_t len);
+uint64_t img_writer_reserve_in(struct img_writer *w, unsigned file, uint64_t len);
+/* How many pages files (hdr->pages_files at open, default 1). */
+unsigned img_writer_files(const struct img_writer *w);
 
-/* The pages file opened O_RDWR (owned by the writer), for pwrite; and a new
- * fd of it opened O_DIRECT, owned by the caller, for io_uring. */
+/* A pages file opened O_RDWR (owned by the writer), for pwrite; and a new
+ * fd of it opened O_DIRECT, owned by the caller, for io_uring. Without _n:
+ * the first file. */
 int img_writer_pages_fd(struct img_writer *w);
+int img_writer_pages_fd_n(struct img_writer *w, unsigned file);
 int img_writer_open_pages_direct(struct img_writer *w);
+int img_writer_open_pages_direct_n(struct img_writer *w, unsigned file);
 
 /* pwrite of chunk data at an offset from img_writer_reserve. */
 int img_writer_write_pages(struct img_writer *w, uint64_t off, const void *buf, size_t len);
@@ -84,8 +93,11 @@ struct gpucr_image {
 	Gpucr__Buffer **buffers;
 	size_t nbuffers;
 	Gpucr__ImageTrailer *trailer;
-	int pages_fd;                 /* O_RDONLY, owned by the image */
-	uint64_t pages_size;
+	int pages_fd;                 /* the first pages file, O_RDONLY, owned by the image */
+	uint64_t pages_size;          /* all pages files together */
+	unsigned npages;              /* pages files */
+	int pages_fds[IMG_MAX_PAGES_FILES];
+	uint64_t pages_sizes[IMG_MAX_PAGES_FILES];
 };
 
 /* Reads and checks gpucr-<pid>.img and its pages file in dirfd: magic,
@@ -109,5 +121,6 @@ int img_list_all(int dirfd, int with_partial, uint32_t **ret, size_t *ret_n);
 /* File names, for messages and tools. */
 void img_name(char *buf, size_t len, uint32_t pid);
 void img_pages_name(char *buf, size_t len, uint32_t pid);
+void img_pages_name_n(char *buf, size_t len, uint32_t pid, unsigned k);
 
 #endif

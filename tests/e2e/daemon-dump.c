@@ -275,7 +275,9 @@ static void start_daemon(void)
 		setenv("GPUCR_DRIVER_LIBCUDA", fake_lib, 1);
 		setenv("GPUCR_CHUNK_KB", "2048", 1);
 		setenv("GPUCR_STAGE_MB", "4", 1);
-		setenv("GPUCR_IO_ENGINE", starts % 2 ? "mapped" : "uring", 1);
+		setenv("GPUCR_IO_ENGINE", starts % 2 ? "parallel" : "uring", 1);
+		/* several pages files with the parallel engine, one with io_uring */
+		setenv("GPUCR_PAGES_FILES", starts % 2 ? "3" : "1", 1);
 		execl(daemon_bin, daemon_bin, "--socket", sockpath, (char *)NULL);
 		_exit(127);
 	}

@@ -36,6 +36,8 @@ static void fill(void)
 	}
 }
 
+static unsigned nfiles = 1; /* pages files of the next image written */
+
 /* Writes a complete image (or stops before commit when partial). */
 static int write_image(int partial)
 {
@@ -56,6 +58,8 @@ static int write_image(int partial)
 	hdr.has_fp_kind = 1;
 	hdr.fp_kind = GPUCR__FINGERPRINT_KIND__FP_MIX64_SUM_V1;
 	hdr.comm = "trainer";
+	hdr.has_pages_files = nfiles > 1;
+	hdr.pages_files = nfiles;
 	r = img_writer_open(dirfd_, PID, &hdr, &w, &eb);
 	REQUIRE(r == 0);
 	for (b = 0; b < NBUF; b++) {
@@ -77,9 +81,14 @@ static int write_image(int partial)
 			if (fp_is_zero(data[b] + off, len)) {
 				c.has_zero = c.zero = 1;
 			} else {
+				unsigned f = (unsigned)(n % img_writer_files(w));
+
 				c.has_data_offset = 1;
-				c.data_offset = img_writer_reserve(w, len);
-				REQUIRE(img_writer_write_pages(w, c.data_offset, data[b] + off, len) == 0);
+				c.has_file = f != 0;
+				c.file = f;
+				c.data_offset = img_writer_reserve_in(w, f, len);
+				REQUIRE(pwrite(img_writer_pages_fd_n(w, f), data[b] + off, len, (off_t)c.data_offset) ==
+					(ssize_t)len);
 			}
 			chunks[n] = c;
 			cp[n] = &chunks[n];
@@ -231,6 +240,8 @@ static void test_missing_trailer(void)
 	REQUIRE(write_image(0) == 0);
 	dummy.buffer_count = NBUF;
 	dummy.pages_size = (uint64_t)file_size("gpucr-pages-4242.img");
+	dummy.n_pages_sizes = 1;
+	dummy.pages_sizes = &dummy.pages_size;
 	tlen = gpucr__image_trailer__pack(&dummy, buf);
 	truncate_to("gpucr-4242.img", file_size("gpucr-4242.img") - 12 - (off_t)tlen);
 	expect_refused(-ENODATA, "partial image: no trailer");
@@ -336,6 +347,46 @@ static void test_abort_leaves_nothing(void)
 	free(pids);
 }
 
+/* Several pages files: a round trip, and each file checked on its own. */
+static void test_several_files(void)
+{
+	struct gpucr_image *img = NULL;
+	struct img_errbuf eb;
+	uint8_t *out = malloc(CHUNK);
+	size_t b, c;
+
+	nfiles = 3;
+	clean();
+	REQUIRE(write_image(0) == 0);
+	CHECK_EQ_INT(faccessat(dirfd_, "gpucr-pages-4242.1.img", F_OK, 0), 0);
+	CHECK_EQ_INT(faccessat(dirfd_, "gpucr-pages-4242.2.img", F_OK, 0), 0);
+	REQUIRE(img_read(dirfd_, PID, &img, &eb) == 0);
+	CHECK_EQ_INT(img->npages, 3);
+	for (b = 0; b < img->nbuffers; b++)
+		for (c = 0; c < img->buffers[b]->n_chunks; c++) {
+			const Gpucr__Chunk *ch = img->buffers[b]->chunks[c];
+
+			CHECK_EQ_INT(img_read_chunk(img, img->buffers[b], c, out, &eb), 0);
+			CHECK(memcmp(out, data[b] + ch->offset, ch->length) == 0);
+		}
+	img_free(img);
+
+	/* One of them missing, truncated, or swapped with another. */
+	REQUIRE(renameat(dirfd_, "gpucr-pages-4242.2.img", dirfd_, "keep") == 0);
+	expect_refused(-ENOENT, "gpucr-pages-4242.2.img");
+	REQUIRE(renameat(dirfd_, "keep", dirfd_, "gpucr-pages-4242.2.img") == 0);
+	REQUIRE(renameat(dirfd_, "gpucr-pages-4242.1.img", dirfd_, "keep") == 0);
+	REQUIRE(renameat(dirfd_, "gpucr-pages-4242.2.img", dirfd_, "gpucr-pages-4242.1.img") == 0);
+	REQUIRE(renameat(dirfd_, "keep", dirfd_, "gpucr-pages-4242.2.img") == 0);
+	expect_refused(-EBADMSG, "is pages file 2 of 3, expected 1 of 3");
+	clean();
+	REQUIRE(write_image(0) == 0);
+	truncate_to("gpucr-pages-4242.2.img", file_size("gpucr-pages-4242.2.img") - 4096);
+	expect_refused(-EBADMSG, "gpucr-pages-4242.2.img: truncated");
+	nfiles = 1;
+	free(out);
+}
+
 int main(void)
 {
 	int b;
@@ -356,6 +407,7 @@ int main(void)
 	test_newer_version();
 	test_not_an_image();
 	test_abort_leaves_nothing();
+	test_several_files();
 	clean();
 	rmdir(dir);
 	for (b = 0; b < NBUF; b++)

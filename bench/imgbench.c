@@ -41,7 +41,7 @@ int main(int argc, char **argv)
 	const char *dir = NULL;
 	struct proc p;
 	struct rbuf *loaded = NULL, *b;
-	struct img_stats st;
+	struct img_stats st = { 0 };
 	char msg[1024];
 	const struct cudrv *drv;
 	uint64_t per, seed = 0x1234;

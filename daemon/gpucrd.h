@@ -102,8 +102,10 @@ int driver_op(struct daemon *d, struct conn *c, const Gpucr__Msg *req);
 int wake_proc(struct daemon *d, struct conn *c, const Gpucr__Msg *req);
 
 /* imgio.c: runs on worker threads. */
+/* Callers zero it (or point progress_* at counters to be updated as the
+ * data moves); imgio fills in the rest. */
 struct img_stats {
-	uint64_t *progress_done, *progress_total;  /* if set: updated as data moves */
+	uint64_t *progress_done, *progress_total;
 	uint64_t bytes, stored, elapsed_ns;
 	uint32_t control_tid, uid;      /* imgio_read: from the image header */
 	char comm[64];

@@ -146,19 +146,41 @@ if [ -f "$B/lib/criu/gpucr_plugin.so" ] && [ -z "${SKIP_GPUCR_CR:-}" ]; then
 			fi
 		done
 	done
-	# PyTorch training: the loss sequence after a restore must be bit-identical.
+	# PyTorch workloads: training (losses), generation (tokens), a cuBLAS
+	# GEMM loop (checksums), torch.compile (Triton kernels): after a restore
+	# every step must be bit-identical to an uninterrupted run.
 	if python3 -c 'import torch' 2>/dev/null; then
-		TT=$B/share/gpucr/tests/gpu/torch_train.py
-		python3 "$TT" --steps 30 --step-sleep 0.2 --out "$WORK/tt-ref.log" >/dev/null 2>&1
-		for mode in stock gpucr gpucr-image; do
-			if r=$(cr_cycle $mode torch-train 8 "$WORK/tt-ref.log" "python3 $TT --steps 30 --step-sleep 0.2 --out"); then
-				set -- $r
-				result "$mode-criu-torch-train" - PASS "dump ${1}s restore ${2}s (first step ${3}s) image $(($4 / 1048576)) MiB, losses bit-identical"
-			else
-				result "$mode-criu-torch-train" - FAIL "$r"
-				tail -15 "$WORK/gpucrd.log" | sed 's/^/    gpucrd| /'
-			fi
+		G=$B/share/gpucr/tests/gpu
+		for w in "torch-train|python3 $G/torch_train.py --steps 30 --step-sleep 0.2 --out" \
+			"torch-generate|python3 $G/torch_generate.py --tokens 40 --step-sleep 0.15 --out" \
+			"cublas-gemm|python3 $G/gemm_loop.py --steps 40 --step-sleep 0.15 --out" \
+			"torch-compile|python3 $G/torch_train.py --compile --steps 30 --step-sleep 0.2 --out"; do
+			name=${w%%|*}
+			cmd=${w#*|}
+			$cmd "$WORK/$name-ref.log" >"$WORK/$name-ref.err" 2>&1 ||
+				{ result "$name-reference" - FAIL "$(tail -2 "$WORK/$name-ref.err" | tr '\n' ' ')"; continue; }
+			for mode in ${WORKLOAD_MODES:-stock gpucr gpucr-image}; do
+				if r=$(cr_cycle $mode $name 8 "$WORK/$name-ref.log" "$cmd"); then
+					set -- $r
+					result "$mode-criu-$name" - PASS "dump ${1}s restore ${2}s (first step ${3}s) image $(($4 / 1048576)) MiB, every step identical"
+				else
+					result "$mode-criu-$name" - FAIL "$r"
+					tail -15 "$WORK/gpucrd.log" | sed 's/^/    gpucrd| /'
+				fi
+			done
 		done
+	fi
+	# gpucr alone at 64 GiB: the stock path keeps a full copy in host
+	# memory and then writes an image of the same size (does not fit a
+	# 128 GiB host).
+	if [ -n "${BIG:-}" ]; then
+		"$B/tests/gpu/cuda-prog" --gib 64 --steps 20 --step-ms 50 --out "$WORK/ref-64.log"
+		if r=$(cr_cycle_cuda_prog gpucr 64 8 "$WORK/ref-64.log" 20); then
+			set -- $r
+			result gpucr-criu-cuda-prog 64GiB PASS "dump ${1}s restore ${2}s (first step ${3}s) image $(($4 / 1048576)) MiB, output identical"
+		else
+			result gpucr-criu-cuda-prog 64GiB FAIL "$r"
+		fi
 	fi
 	stop_gpucrd
 else

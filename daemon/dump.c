@@ -196,12 +196,20 @@ static void write_done(void *data, int status)
 		if (p->state == GPUCR__PROC_STATE__PROC_RELEASED)
 			p->state = GPUCR__PROC_STATE__PROC_DUMPED;
 		p->image_done = 1;
+		{
+			struct timespec ts;
+
+			clock_gettime(CLOCK_MONOTONIC, &ts);
+			p->t_dumped = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+		}
 	}
 	op->phase = PH_DONE;
 	waiting = p->remap_waiting;
 	p->remap_waiting = NULL;
 	op_d = op->d;
 	op_finish(op);
+	if (!waiting)
+		registry_enforce_cap(op_d); /* may free p */
 	if (waiting) {
 		/* A leave-running dump whose process came back early. */
 		if (conn_is_open(waiting) && p->shim == waiting)

@@ -49,6 +49,7 @@ struct proc {
 	int remaps_left;
 	/* progress of the image being written, updated by the worker */
 	uint64_t io_done, io_total;
+	uint64_t t_dumped;          /* when its last image was completed */
 	struct proc *next;
 };
 
@@ -62,6 +63,7 @@ struct daemon {
 	unsigned nconns;
 	char socket_path[108];
 	int owns_socket_path;       /* unlink it at exit (not under socket activation) */
+	uint64_t retain_max;        /* bytes of dumped processes' memory kept at most */
 };
 
 /* server.c */
@@ -129,6 +131,9 @@ void registry_free_all(struct daemon *d);
 /* Imports every buffer's fd into the daemon (worker thread). */
 int registry_take_over(struct proc *p, char *msg, size_t msglen);
 void rbuf_free(struct rbuf *b);
+/* Frees the memory kept for dumped processes, oldest first, while more than
+ * d->retain_max bytes are kept. Only memory whose image is complete goes. */
+void registry_enforce_cap(struct daemon *d);
 /* May a peer of uid act on p? root on any, others on their own. */
 static inline int registry_may_act(uid_t peer_uid, const struct proc *p)
 {

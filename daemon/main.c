@@ -7,7 +7,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include "gpucrd.h"
@@ -23,6 +25,9 @@ static void usage(FILE *f)
 		"  --foreground    stay in the foreground (the default; kept for scripts)\n"
 		"  --systemd       take the listening socket from systemd and notify readiness\n"
 		"  --log FILE      append log lines to FILE instead of stderr\n"
+		"  --retain-max-mb N  keep at most N MiB of dumped processes' GPU memory for\n"
+		"                  zero-copy restores (oldest freed first, only once its image is\n"
+		"                  complete; default: no limit; also $GPUCR_RETAIN_MAX_MB)\n"
 		"  --verbose       debug logging (same as GPUCR_LOG=debug)\n"
 		"  --version, --help\n",
 		GPUCR_DEFAULT_SOCKET);
@@ -103,6 +108,7 @@ int main(int argc, char **argv)
 		{ "systemd", no_argument, NULL, 'S' },
 		{ "log", required_argument, NULL, 'l' },
 		{ "verbose", no_argument, NULL, 'v' },
+		{ "retain-max-mb", required_argument, NULL, 'r' },
 		{ "version", no_argument, NULL, 'V' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
@@ -112,7 +118,10 @@ int main(int argc, char **argv)
 	int use_systemd = 0, c, r;
 
 	log_init("gpucrd");
-	while ((c = getopt_long(argc, argv, "s:fSl:vVh", opts, NULL)) != -1) {
+	d->retain_max = UINT64_MAX;
+	if (getenv("GPUCR_RETAIN_MAX_MB"))
+		d->retain_max = strtoull(getenv("GPUCR_RETAIN_MAX_MB"), NULL, 10) << 20;
+	while ((c = getopt_long(argc, argv, "s:fSl:vVhr:", opts, NULL)) != -1) {
 		switch (c) {
 		case 's':
 			path = optarg;
@@ -134,6 +143,9 @@ int main(int argc, char **argv)
 		}
 		case 'v':
 			log_set_level(LOG_DEBUG);
+			break;
+		case 'r':
+			d->retain_max = strtoull(optarg, NULL, 10) << 20;
 			break;
 		case 'V':
 			printf("gpucrd %s\n", GPUCR_VERSION);
@@ -159,8 +171,21 @@ int main(int argc, char **argv)
 	}
 	snprintf(d->socket_path, sizeof(d->socket_path), "%s", path);
 	d->listen_fd = -1;
-	if (use_systemd)
+	if (use_systemd) {
 		d->listen_fd = listen_fds_from_systemd();
+		if (d->listen_fd >= 0) {
+			struct sockaddr_un sa;
+			socklen_t len = sizeof(sa);
+
+			memset(&sa, 0, sizeof(sa));
+			if (getsockname(d->listen_fd, (struct sockaddr *)&sa, &len) == 0 && sa.sun_path[0])
+				snprintf(d->socket_path, sizeof(d->socket_path), "%.*s", (int)sizeof(sa.sun_path),
+					 sa.sun_path);
+		}
+		if (d->listen_fd < 0)
+			pr_warn("--systemd: no socket passed by systemd (LISTEN_FDS); listening on %s myself",
+				d->socket_path);
+	}
 	if (d->listen_fd < 0) {
 		mkdir_parent(d->socket_path);
 		d->listen_fd = sock_listen_unix(d->socket_path, 64);

@@ -180,3 +180,31 @@ void registry_free_all(struct daemon *d)
 	while (d->procs)
 		registry_drop(d, d->procs);
 }
+
+static int droppable(const struct proc *p)
+{
+	return !p->shim && p->nbufs && p->image_done && !p->busy && !p->dump &&
+	       p->state == GPUCR__PROC_STATE__PROC_DUMPED;
+}
+
+void registry_enforce_cap(struct daemon *d)
+{
+	for (;;) {
+		struct proc *p, *oldest = NULL;
+		uint64_t kept = 0;
+
+		for (p = d->procs; p; p = p->next)
+			if (!p->shim && p->nbufs) {
+				kept += p->bytes;
+				if (droppable(p) && (!oldest || p->t_dumped < oldest->t_dumped))
+					oldest = p;
+			}
+		if (kept <= d->retain_max || !oldest)
+			return;
+		pr_info("pid %d (%s): freeing the %llu MiB of GPU memory kept for it (more than %llu MiB kept); "
+			"its image in %s remains", (int)oldest->pid, oldest->comm,
+			(unsigned long long)(oldest->bytes >> 20), (unsigned long long)(d->retain_max >> 20),
+			oldest->image_dir);
+		registry_drop(d, oldest);
+	}
+}

@@ -278,6 +278,11 @@ static void start_daemon(void)
 		setenv("GPUCR_IO_ENGINE", starts % 2 ? "parallel" : "uring", 1);
 		/* several pages files with the parallel engine, one with io_uring */
 		setenv("GPUCR_PAGES_FILES", starts % 2 ? "3" : "1", 1);
+		/* the second daemon keeps no dumped memory at all */
+		if (starts == 2)
+			setenv("GPUCR_RETAIN_MAX_MB", "0", 1);
+		else
+			unsetenv("GPUCR_RETAIN_MAX_MB");
 		execl(daemon_bin, daemon_bin, "--socket", sockpath, (char *)NULL);
 		_exit(127);
 	}
@@ -369,6 +374,22 @@ static Gpucr__Msg *restore(int fd, int dirfd)
 	m.body_case = GPUCR__MSG__BODY_RESTORE;
 	m.restore = &r;
 	return call(fd, &m, dirfd);
+}
+
+/* Processes gpucrd knows. */
+static size_t ps_count(int fd)
+{
+	Gpucr__Msg m = GPUCR__MSG__INIT, *r;
+	Gpucr__PsRequest p = GPUCR__PS_REQUEST__INIT;
+	size_t n;
+
+	m.body_case = GPUCR__MSG__BODY_PS;
+	m.ps = &p;
+	r = call(fd, &m, -1);
+	REQUIRE(r && r->body_case == GPUCR__MSG__BODY_PS_REPLY);
+	n = r->ps_reply->n_procs;
+	msg_free(r);
+	return n;
 }
 
 static uint64_t held_bytes(void)
@@ -583,14 +604,17 @@ int main(void)
 		size_t np = 9;
 		int sfd;
 
+		/* The daemon of step 4 keeps no dumped memory (a cap of 0):
+		 * once the image is complete, the memory is freed. */
+		REQUIRE(full_dump(c, dirfd, msg, sizeof(msg)) == 0);
+		CHECK_EQ_INT(ps_count(c), 0);
+		kill_daemon();
+		start_daemon();
+		close(c);
+		c = cli();
+		restore_and_check(c, dirfd, 0);
 		REQUIRE(mkdtemp(small));
 		if (mount("tmpfs", small, "tmpfs", 0, "size=4m") == 0) {
-			REQUIRE(full_dump(c, dirfd, msg, sizeof(msg)) == 0);
-			kill_daemon();
-			start_daemon();
-			close(c);
-			c = cli();
-			restore_and_check(c, dirfd, 0);
 			sfd = open(small, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 			err = full_dump(c, sfd, msg, sizeof(msg));
 			CHECK(err != 0);

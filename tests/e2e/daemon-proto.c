@@ -11,6 +11,8 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/time.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -134,6 +136,62 @@ static int other_uid_checks(pid_t shim_pid)
 	return ok ? 0 : 1;
 }
 
+/* Under systemd: the listening socket comes as fd 3 (LISTEN_FDS), and
+ * readiness is announced on $NOTIFY_SOCKET. */
+static void test_socket_activation(const char *bin)
+{
+	char lpath[128], npath[128], buf[256];
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	struct timeval tv = { .tv_sec = 5 };
+	Gpucr__Msg *r;
+	int lfd, nfd, fd, status;
+	ssize_t n;
+	pid_t child;
+
+	snprintf(lpath, sizeof(lpath), "/tmp/gpucrd-act-%d.sock", (int)getpid());
+	snprintf(npath, sizeof(npath), "/tmp/gpucrd-notify-%d.sock", (int)getpid());
+	unlink(npath);
+	lfd = sock_listen_unix(lpath, 8);
+	REQUIRE(lfd >= 0);
+	nfd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+	strcpy(sa.sun_path, npath);
+	REQUIRE(nfd >= 0 && bind(nfd, (struct sockaddr *)&sa, sizeof(sa)) == 0);
+	setsockopt(nfd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+	child = fork();
+	REQUIRE(child >= 0);
+	if (child == 0) {
+		char pidbuf[32];
+
+		if (lfd == 3)
+			fcntl(3, F_SETFD, 0); /* dup2 onto itself would keep CLOEXEC */
+		else if (dup2(lfd, 3) < 0)
+			_exit(127);
+		snprintf(pidbuf, sizeof(pidbuf), "%d", (int)getpid());
+		setenv("LISTEN_PID", pidbuf, 1);
+		setenv("LISTEN_FDS", "1", 1);
+		setenv("NOTIFY_SOCKET", npath, 1);
+		execl(bin, bin, "--systemd", (char *)NULL);
+		_exit(127);
+	}
+	close(lfd);
+	n = recv(nfd, buf, sizeof(buf) - 1, 0);
+	CHECK(n > 0);
+	buf[n > 0 ? n : 0] = 0;
+	CHECK_CONTAINS(buf, "READY=1");
+	fd = sock_connect_unix(lpath);
+	REQUIRE(fd >= 0);
+	r = hello(fd, GPUCR__ROLE__ROLE_CLI, 1);
+	CHECK(r && r->err == 0);
+	msg_free(r);
+	close(fd);
+	kill(child, SIGTERM);
+	REQUIRE(waitpid(child, &status, 0) == child);
+	CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+	close(nfd);
+	unlink(npath);
+	unlink(lpath);
+}
+
 int main(int argc, char **argv)
 {
 	Gpucr__Msg m = GPUCR__MSG__INIT, *r;
@@ -154,6 +212,7 @@ int main(int argc, char **argv)
 		bin[n] = 0;
 		strcpy(strrchr(bin, '/'), "/../bin/gpucrd");
 	}
+	test_socket_activation(bin);
 	start_daemon(bin);
 
 	/* Wrong protocol version: refused with a message. */

@@ -4,7 +4,8 @@
 # time limit (GPUCR_TEST_TIMEOUT seconds, default 120; a script may ask for
 # more with a "# timeout: N" line). Prints one line per test and the closing
 # "N passed, N failed, N skipped" line; exits 1 if any test failed.
-# TESTS_FILTER=regex runs only the tests whose name matches.
+# TESTS_FILTER=regex runs only the tests whose name matches. The log of a
+# failure is also kept in test-logs/failed/, so a rare one survives reruns.
 set -u
 
 timeout_default=${GPUCR_TEST_TIMEOUT:-120}
@@ -37,10 +38,12 @@ for t in "$@"; do
 	77) skip=$((skip + 1)); printf 'SKIP  %-40s %6ss  %s\n' "$name" "$secs" "$(tail -1 "$log")" ;;
 	124 | 137)
 		fail=$((fail + 1)); failed+=("$name")
+		mkdir -p "$logdir/failed" && cp "$log" "$logdir/failed/$name.$(date +%Y%m%dT%H%M%S).log"
 		printf 'FAIL  %-40s %6ss  (timed out after %ss)\n' "$name" "$secs" "$limit"
 		sed 's/^/    | /' "$log" | tail -20 ;;
 	*)
 		fail=$((fail + 1)); failed+=("$name")
+		mkdir -p "$logdir/failed" && cp "$log" "$logdir/failed/$name.$(date +%Y%m%dT%H%M%S).log"
 		printf 'FAIL  %-40s %6ss  (exit %d)\n' "$name" "$secs" "$rc"
 		sed 's/^/    | /' "$log" | tail -30 ;;
 	esac

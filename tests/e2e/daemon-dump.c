@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mount.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -272,6 +273,8 @@ static void start_daemon(void)
 	daemon_pid = fork();
 	REQUIRE(daemon_pid >= 0);
 	if (daemon_pid == 0) {
+		/* A test that stops early must not leave its daemon behind. */
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
 		setenv("GPUCR_DRIVER_LIBCUDA", fake_lib, 1);
 		setenv("GPUCR_CHUNK_KB", "2048", 1);
 		setenv("GPUCR_STAGE_MB", "4", 1);

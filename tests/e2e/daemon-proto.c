@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <sys/un.h>
@@ -32,6 +33,8 @@ static void start_daemon(const char *bin)
 	daemon_pid = fork();
 	REQUIRE(daemon_pid >= 0);
 	if (daemon_pid == 0) {
+		/* A test that stops early must not leave its daemon behind. */
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
 		execl(bin, bin, "--socket", sockpath, (char *)NULL);
 		_exit(127);
 	}
@@ -162,6 +165,7 @@ static void test_socket_activation(const char *bin)
 	if (child == 0) {
 		char pidbuf[32];
 
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
 		if (lfd == 3)
 			fcntl(3, F_SETFD, 0); /* dup2 onto itself would keep CLOEXEC */
 		else if (dup2(lfd, 3) < 0)

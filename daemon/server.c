@@ -86,38 +86,13 @@ int conn_send(struct conn *c, Gpucr__Msg *m, const int *fds, unsigned nfds)
 	return r;
 }
 
-static int reply_err(struct conn *c, const Gpucr__Msg *req, int err, const char *fmt, ...)
-	__attribute__((format(printf, 4, 5)));
-
-static int reply_err(struct conn *c, const Gpucr__Msg *req, int err, const char *fmt, ...)
+/* The id a reply to req answers (0: the request wanted none). */
+static uint64_t req_id(const Gpucr__Msg *req)
 {
-	Gpucr__Msg m = GPUCR__MSG__INIT;
-	char text[512];
-	va_list ap;
-
-	va_start(ap, fmt);
-	vsnprintf(text, sizeof(text), fmt, ap);
-	va_end(ap);
-	if (req && req->has_id) {
-		m.has_reply_to = 1;
-		m.reply_to = req->id;
-	}
-	m.has_err = 1;
-	m.err = err;
-	m.err_msg = text;
-	return conn_send(c, &m, NULL, 0);
+	return req && req->has_id ? req->id : 0;
 }
 
-static void reply_init(Gpucr__Msg *m, const Gpucr__Msg *req)
-{
-	gpucr__msg__init(m);
-	if (req->has_id) {
-		m->has_reply_to = 1;
-		m->reply_to = req->id;
-	}
-	m->has_err = 1;
-	m->err = 0;
-}
+#define reply_err(c, req, err, ...) conn_reply_err((c), req_id(req), (err), __VA_ARGS__)
 
 int conn_reply(struct conn *c, uint64_t id, Gpucr__Msg *m, const int *fds, unsigned nfds)
 {
@@ -247,12 +222,12 @@ static int on_hello(struct conn *c, Gpucr__Msg *req)
 		pr_info("pid %d (%s, uid %d): %s", (int)c->cred.pid, c->proc->comm, (int)c->cred.uid,
 			h->has_restored && h->restored ? "reattached" : "attached");
 	}
-	reply_init(&m, req);
+	gpucr__msg__init(&m);
 	hr.proto_version = GPUCR_PROTO_VERSION;
 	hr.daemon_version = (char *)GPUCR_VERSION;
 	m.body_case = GPUCR__MSG__BODY_HELLO_REPLY;
 	m.hello_reply = &hr;
-	r = conn_send(c, &m, NULL, 0);
+	r = conn_reply(c, req_id(req), &m, NULL, 0);
 	if (r == 0 && c->proc && h->has_restored && h->restored)
 		restore_shim_reattached(c->d, c->proc, c);
 	return r;
@@ -276,8 +251,8 @@ static int on_buffer_add(struct conn *c, Gpucr__Msg *req, int *fds, unsigned nfd
 	/* Buffer messages are one-way for speed unless the shim asked (id > 0). */
 	if (!req->has_id || req->id == 0)
 		return 0;
-	reply_init(&m, req);
-	return conn_send(c, &m, NULL, 0);
+	gpucr__msg__init(&m);
+	return conn_reply(c, req_id(req), &m, NULL, 0);
 }
 
 static int on_buffer_free(struct conn *c, Gpucr__Msg *req)
@@ -292,8 +267,8 @@ static int on_buffer_free(struct conn *c, Gpucr__Msg *req)
 		return 0;
 	if (r < 0)
 		return reply_err(c, req, r, "no buffer at 0x%" PRIx64, req->buffer_free->va);
-	reply_init(&m, req);
-	return conn_send(c, &m, NULL, 0);
+	gpucr__msg__init(&m);
+	return conn_reply(c, req_id(req), &m, NULL, 0);
 }
 
 static int on_ps(struct conn *c, Gpucr__Msg *req)
@@ -346,10 +321,10 @@ static int on_ps(struct conn *c, Gpucr__Msg *req)
 	}
 	pr.n_procs = i;
 	pr.procs = ptrs;
-	reply_init(&m, req);
+	gpucr__msg__init(&m);
 	m.body_case = GPUCR__MSG__BODY_PS_REPLY;
 	m.ps_reply = &pr;
-	r = conn_send(c, &m, NULL, 0);
+	r = conn_reply(c, req_id(req), &m, NULL, 0);
 	free(infos);
 	free(ptrs);
 	return r;
@@ -373,8 +348,8 @@ static int on_drop(struct conn *c, Gpucr__Msg *req)
 	pr_info("pid %d (%s): dropping %llu bytes of retained GPU memory", (int)p->pid, p->comm,
 		(unsigned long long)p->bytes);
 	registry_drop(c->d, p);
-	reply_init(&m, req);
-	return conn_send(c, &m, NULL, 0);
+	gpucr__msg__init(&m);
+	return conn_reply(c, req_id(req), &m, NULL, 0);
 }
 
 /* Handles one message; a negative return closes the connection. */

@@ -52,7 +52,7 @@ static void drv_work(void *data)
 {
 	struct drv_job *j = data;
 	const struct cudrv *drv;
-	struct timespec t0, t1;
+	uint64_t t0;
 	CUprocessState st = CU_PROCESS_STATE_RUNNING;
 	CUresult cr = CUDA_SUCCESS;
 	char gmsg[512];
@@ -77,12 +77,11 @@ static void drv_work(void *data)
 		snprintf(j->msg, sizeof(j->msg), "unknown driver operation %d", (int)j->op);
 		return;
 	}
-	clock_gettime(CLOCK_MONOTONIC, &t0);
+	t0 = now_ns();
 	cr = cudrv_ckpt_op(drv, j->pid, (enum cudrv_ckpt_op)j->op, j->timeout_ms, &st, &j->tid);
 	if (cr == CUDA_SUCCESS && j->op == GPUCR__DRIVER_OP_KIND__DRV_GET_STATE)
 		j->state = msg_driver_state(st);
-	clock_gettime(CLOCK_MONOTONIC, &t1);
-	j->ns = (uint64_t)(t1.tv_sec - t0.tv_sec) * 1000000000ull + (uint64_t)(t1.tv_nsec - t0.tv_nsec);
+	j->ns = now_ns() - t0;
 	if (cr != CUDA_SUCCESS) {
 		j->err = gpucr_err_from_cu(cr);
 		snprintf(j->msg, sizeof(j->msg), "pid %d: driver %s failed: %s%s", j->pid, op_name(j->op),

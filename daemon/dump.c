@@ -57,14 +57,6 @@ struct dump_op {
 	int gone;                   /* the process went away mid-dump */
 };
 
-static uint64_t now_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
 static void answer_requester(struct dump_op *op)
 {
 	Gpucr__DumpReply dr = GPUCR__DUMP_REPLY__INIT;
@@ -196,12 +188,7 @@ static void write_done(void *data, int status)
 		if (p->state == GPUCR__PROC_STATE__PROC_RELEASED)
 			p->state = GPUCR__PROC_STATE__PROC_DUMPED;
 		p->image_done = 1;
-		{
-			struct timespec ts;
-
-			clock_gettime(CLOCK_MONOTONIC, &ts);
-			p->t_dumped = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-		}
+		p->t_dumped = now_ns();
 	}
 	op->phase = PH_DONE;
 	waiting = p->remap_waiting;

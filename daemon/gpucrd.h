@@ -5,6 +5,7 @@
 
 #include <stdint.h>
 #include <sys/types.h>
+#include <time.h>
 #include <uv.h>
 
 #include "frame.h"
@@ -14,6 +15,15 @@
 
 struct conn;
 struct dump_op;
+
+/* Monotonic time in nanoseconds, for durations. */
+static inline uint64_t now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
 
 /* One physical allocation of an attached process, as the shim exported it.
  * The registry owns fd until the buffer is freed or dropped. */

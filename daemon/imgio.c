@@ -68,14 +68,6 @@ struct xfer {
 	size_t slot_size;
 };
 
-static uint64_t now_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
 static uint64_t env_u64(const char *name, uint64_t def)
 {
 	const char *s = getenv(name);

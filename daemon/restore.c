@@ -32,14 +32,6 @@ struct restore_op {
 	uint64_t t_start;
 };
 
-static uint64_t now_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
 static int reply_restore(struct conn *c, uint64_t id, int retained, uint64_t bytes, uint64_t ns,
 			 uint32_t tid)
 {

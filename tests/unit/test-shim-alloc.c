@@ -20,20 +20,10 @@
 
 #include "fakecuda.h"
 #include "t.h"
+#include "shimtest.h"
 
 #define NSMALL 200
 #define MIB (1UL << 20)
-
-static void use_fake(void)
-{
-	if (getenv("GPUCR_REAL_LIBCUDA"))
-		return;
-	if (access(FAKECUDA_LIB, R_OK) != 0) {
-		printf("skip: fake driver %s not built\n", FAKECUDA_LIB);
-		exit(T_SKIP);
-	}
-	setenv("GPUCR_REAL_LIBCUDA", FAKECUDA_LIB, 1);
-}
 
 static CUcontext ctx_main;
 

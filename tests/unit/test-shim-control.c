@@ -36,22 +36,12 @@
 #include "fakecuda.h"
 #include "fakegpucrd.h"
 #include "t.h"
+#include "shimtest.h"
 
 #define MIB (1UL << 20)
 
 typedef CUresult (*gpa_v2_fn)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *);
 typedef CUresult (*htod_fn)(CUdeviceptr, const void *, size_t);
-
-static void use_fake(void)
-{
-	if (getenv("GPUCR_REAL_LIBCUDA"))
-		return;
-	if (access(FAKECUDA_LIB, R_OK) != 0) {
-		printf("skip: fake driver %s not built\n", FAKECUDA_LIB);
-		exit(T_SKIP);
-	}
-	setenv("GPUCR_REAL_LIBCUDA", FAKECUDA_LIB, 1);
-}
 
 static long long now_ms(void)
 {
@@ -59,21 +49,6 @@ static long long now_ms(void)
 
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return ts.tv_sec * 1000LL + ts.tv_nsec / 1000000;
-}
-
-static int readable(CUdeviceptr addr)
-{
-	FILE *f = fopen("/proc/self/maps", "re");
-	unsigned long lo, hi;
-	char perms[8], line[512];
-	int ret = 0;
-
-	REQUIRE(f);
-	while (fgets(line, sizeof(line), f))
-		if (sscanf(line, "%lx-%lx %7s", &lo, &hi, perms) == 3 && addr >= lo && addr < hi)
-			ret = perms[0] == 'r';
-	fclose(f);
-	return ret;
 }
 
 /* fds of the fake's physical memory this process has open. */

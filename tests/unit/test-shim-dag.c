@@ -16,21 +16,11 @@
 #include "fakecuda.h"
 #include "launch.h"
 #include "t.h"
+#include "shimtest.h"
 
 #define MIB (1UL << 20)
 
 typedef int (*reg_fn)(const char *, fakecuda_kernel_fn, int, const size_t *);
-
-static void use_fake(void)
-{
-	if (getenv("GPUCR_REAL_LIBCUDA"))
-		return;
-	if (access(FAKECUDA_LIB, R_OK) != 0) {
-		printf("skip: fake driver %s not built\n", FAKECUDA_LIB);
-		exit(T_SKIP);
-	}
-	setenv("GPUCR_REAL_LIBCUDA", FAKECUDA_LIB, 1);
-}
 
 static void noop(void **params, unsigned grid[3], unsigned block[3])
 {

@@ -17,21 +17,11 @@
 #include <cuda.h>
 
 #include "t.h"
+#include "shimtest.h"
 
 #define NTHREADS 8
 
 static pthread_barrier_t barrier;
-
-static void use_fake(void)
-{
-	if (getenv("GPUCR_REAL_LIBCUDA"))
-		return;
-	if (access(FAKECUDA_LIB, R_OK) != 0) {
-		printf("skip: fake driver %s not built\n", FAKECUDA_LIB);
-		exit(T_SKIP);
-	}
-	setenv("GPUCR_REAL_LIBCUDA", FAKECUDA_LIB, 1);
-}
 
 static void *first_call(void *arg)
 {

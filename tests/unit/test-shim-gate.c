@@ -22,22 +22,12 @@
 #include "fwd_gen.h"
 #include "gate.h"
 #include "t.h"
+#include "shimtest.h"
 
 typedef CUresult (*gpa_v2_fn)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *);
 typedef CUresult (*htod_fn)(CUdeviceptr, const void *, size_t);
 
 static const char *const ungated[] = { "cuGetErrorName", "cuGetErrorString", "cuDriverGetVersion" };
-
-static void use_fake(void)
-{
-	if (getenv("GPUCR_REAL_LIBCUDA"))
-		return;
-	if (access(FAKECUDA_LIB, R_OK) != 0) {
-		printf("skip: fake driver %s not built\n", FAKECUDA_LIB);
-		exit(T_SKIP);
-	}
-	setenv("GPUCR_REAL_LIBCUDA", FAKECUDA_LIB, 1);
-}
 
 static int32_t rel32(const uint8_t *p)
 {

@@ -18,6 +18,7 @@
 #include "fakecuda.h"
 #include "launch.h"
 #include "t.h"
+#include "shimtest.h"
 
 #define MIB (1UL << 20)
 
@@ -36,17 +37,6 @@ struct two_ptrs {
 struct four4 {
 	int x, y;
 };
-
-static void use_fake(void)
-{
-	if (getenv("GPUCR_REAL_LIBCUDA"))
-		return;
-	if (access(FAKECUDA_LIB, R_OK) != 0) {
-		printf("skip: fake driver %s not built\n", FAKECUDA_LIB);
-		exit(T_SKIP);
-	}
-	setenv("GPUCR_REAL_LIBCUDA", FAKECUDA_LIB, 1);
-}
 
 static void noop(void **params, unsigned grid[3], unsigned block[3])
 {

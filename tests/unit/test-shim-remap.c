@@ -15,35 +15,9 @@
 #include "alloc.h"
 #include "buftab.h"
 #include "t.h"
+#include "shimtest.h"
 
 #define MIB (1UL << 20)
-
-static void use_fake(void)
-{
-	if (getenv("GPUCR_REAL_LIBCUDA"))
-		return;
-	if (access(FAKECUDA_LIB, R_OK) != 0) {
-		printf("skip: fake driver %s not built\n", FAKECUDA_LIB);
-		exit(T_SKIP);
-	}
-	setenv("GPUCR_REAL_LIBCUDA", FAKECUDA_LIB, 1);
-}
-
-/* 1 when addr lies in a readable mapping of this process, else 0. */
-static int readable(CUdeviceptr addr)
-{
-	FILE *f = fopen("/proc/self/maps", "re");
-	unsigned long lo, hi;
-	char perms[8], line[512];
-	int ret = 0;
-
-	REQUIRE(f);
-	while (fgets(line, sizeof(line), f))
-		if (sscanf(line, "%lx-%lx %7s", &lo, &hi, perms) == 3 && addr >= lo && addr < hi)
-			ret = perms[0] == 'r';
-	fclose(f);
-	return ret;
-}
 
 static void fill(CUdeviceptr p, size_t n, unsigned seed)
 {

@@ -1,0 +1,42 @@
+/* Helpers of the driver shim's unit tests: run against the test driver,
+ * and look at this process's own mappings. Include after t.h. */
+#ifndef GPUCR_SHIMTEST_H
+#define GPUCR_SHIMTEST_H
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <cuda.h>
+
+/* Points the shim at the test driver (FAKECUDA_LIB, set by the build),
+ * unless the environment names a driver already; skips the test when the
+ * test driver is not built. */
+static inline void use_fake(void)
+{
+	if (getenv("GPUCR_REAL_LIBCUDA"))
+		return;
+	if (access(FAKECUDA_LIB, R_OK) != 0) {
+		printf("skip: fake driver %s not built\n", FAKECUDA_LIB);
+		exit(T_SKIP);
+	}
+	setenv("GPUCR_REAL_LIBCUDA", FAKECUDA_LIB, 1);
+}
+
+/* 1 when addr lies in a readable mapping of this process, else 0. */
+static inline int readable(CUdeviceptr addr)
+{
+	FILE *f = fopen("/proc/self/maps", "re");
+	unsigned long lo, hi;
+	char perms[8], line[512];
+	int ret = 0;
+
+	REQUIRE(f);
+	while (fgets(line, sizeof(line), f))
+		if (sscanf(line, "%lx-%lx %7s", &lo, &hi, perms) == 3 && addr >= lo && addr < hi)
+			ret = perms[0] == 'r';
+	fclose(f);
+	return ret;
+}
+
+#endif

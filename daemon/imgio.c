@@ -7,11 +7,12 @@
  * Two engines move the runs:
  *   - a file opened O_DIRECT (local disks): one thread, io_uring, several
  *     staging slots in flight, copies overlapped with the I/O;
- *   - a file that refuses O_DIRECT (tmpfs, the usual target for fast
- *     restarts): the file is mapped and worker threads, each with its own
- *     staging buffer and stream, copy in parallel. Buffered writes to one
- *     file serialise on its inode lock, so io_uring there ran at 1.9 GB/s
- *     for 16 GiB on the H200 host; copies into the mapping do not.
+ *   - tmpfs (the usual target for fast restarts) and files that refuse
+ *     O_DIRECT: worker threads, each with its own staging buffer and
+ *     stream, pwrite/pread in parallel, each run in its own pages file when
+ *     the image has several. Writers of one tmpfs file serialise on it: on
+ *     the H200 host 16 threads wrote 16 GiB into one file at 4.4 GB/s, into
+ *     16 files at 27.5 GB/s.
  * Runs on a worker thread of the daemon. */
 #include <errno.h>
 #include <fcntl.h>
@@ -21,7 +22,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/vfs.h>
 #include <time.h>
@@ -403,7 +403,7 @@ static int use_uring(const struct xfer *x)
 			return 0;
 	if (e && !strcmp(e, "uring"))
 		return 1;
-	if (e && (!strcmp(e, "parallel") || !strcmp(e, "mapped")))
+	if (e && !strcmp(e, "parallel"))
 		return 0;
 	return !is_tmpfs(x->fds[0]);
 }
@@ -483,7 +483,7 @@ int imgio_write(struct proc *p, int dirfd, struct img_stats *st, char *msg, size
 	size_t nb = 0, i, ndev = 0, nruns = 0, caprun = 0;
 	struct img_errbuf eb;
 	struct xfer x = { .nfiles = 0 };
-	int dfd = -1, r = 0;
+	int r = 0;
 	char writer[64];
 	struct timespec rt;
 
@@ -659,7 +659,6 @@ int imgio_write(struct proc *p, int dirfd, struct img_stats *st, char *msg, size
 		}
 		x.dfds[i] = img_writer_open_pages_direct_n(w, (unsigned)i);
 	}
-	dfd = 0; /* x.dfds are closed at out */
 	x.write = 1;
 	x.pid = p->pid;
 	x.what = "writing the GPU image";
@@ -693,7 +692,6 @@ int imgio_write(struct proc *p, int dirfd, struct img_stats *st, char *msg, size
 		snprintf(msg, msglen, "%s", eb.msg);
 	st->elapsed_ns = now_ns() - t0;
 out:
-	(void)dfd;
 	close_direct(&x);
 	img_writer_abort(w);
 	for (i = 0; recs && i < nb; i++) {
@@ -736,7 +734,7 @@ int imgio_read(pid_t pid, int dirfd, struct rbuf **ret_bufs, struct img_stats *s
 	struct img_errbuf eb;
 	uint64_t t0 = now_ns();
 	struct xfer x = { .nfiles = 0 };
-	int dfd = -1, r;
+	int r;
 	char gmsg[512], pname[64];
 
 	memset(st, 0, sizeof(*st));
@@ -842,7 +840,6 @@ int imgio_read(pid_t pid, int dirfd, struct rbuf **ret_bufs, struct img_stats *s
 		x.fds[i] = img->pages_fds[i];
 		x.dfds[i] = openat(dirfd, pname, O_RDONLY | O_DIRECT | O_CLOEXEC);
 	}
-	dfd = 0;
 	x.write = 0;
 	x.pid = pid;
 	x.what = "loading the GPU image";
@@ -900,7 +897,6 @@ out:
 		head = b->next;
 		rbuf_free(b);
 	}
-	(void)dfd;
 	close_direct(&x);
 	free(runs);
 	free(bv);

@@ -599,7 +599,7 @@ int main(void)
 	/* 6. a full file system (a 4 MiB tmpfs; needs root): the dump says so,
 	 * leaves no image that looks complete and no partial files, and the
 	 * memory stays with gpucrd for a restore. The process is dumped and
-	 * the daemon restarted first, so this runs with the mapped engine
+	 * the daemon restarted first, so this runs with the parallel engine
 	 * (tmpfs) of the next daemon. */
 	{
 		char small[] = "/tmp/gpucr-full-XXXXXX";

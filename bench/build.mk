@@ -25,3 +25,16 @@ $(BUILD)/bin/imgbench: $(BUILD)/bench/imgbench.o $(IMGBENCH_DAEMON_OBJ) $(COMMON
 	$(CC) $(CFLAGS) -o $@ $^ $(LDFLAGS) $(STATIC_LIBS)
 
 ALL += $(BUILD)/bin/imgbench
+
+# shimcost: what the shim adds per launch, per allocation and free, and to
+# pinned copies (bench/shimcost.sh runs it with and without the shim). Built
+# with nvcc like the real-GPU suite's programs, for `make bundle` (gpu-progs)
+# only; the driver API is linked from the stub, the shim or the real
+# libcuda.so.1 is picked at run time.
+SHIMCOST_BIN := $(BUILD)/bin/shimcost
+
+$(SHIMCOST_BIN): bench/shimcost.cu bench/build.mk
+	@mkdir -p $(@D)
+	$(NVCC) $(NVCC_FLAGS) -Xcompiler -Wall,-Wextra -o $@ $< -L$(CUDA_HOME)/lib64/stubs -lcuda
+
+gpu-progs: $(SHIMCOST_BIN)

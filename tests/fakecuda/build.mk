@@ -13,7 +13,7 @@
 FAKECUDA_SRC := tests/fakecuda
 FAKECUDA_DIR := $(BUILD)/fakecuda
 FAKECUDA_LIB := $(FAKECUDA_DIR)/libcuda.so.1
-FAKECUDA_MODULES := alloc ckpt context copy device errors gate memtab module procaddr stream vmm host
+FAKECUDA_MODULES := alloc ckpt context copy device errors gate graph memtab module procaddr stream vmm host
 FAKECUDA_OBJS := $(FAKECUDA_MODULES:%=$(FAKECUDA_DIR)/%.o) $(FAKECUDA_DIR)/gen-stubs.o
 FAKECUDA_TESTS := $(patsubst $(FAKECUDA_SRC)/test-%.c,$(BUILD)/tests/fakecuda-%,$(wildcard $(FAKECUDA_SRC)/test-*.c))
 # For a test binary in $(BUILD)/tests (or anything one level below $(BUILD)).

@@ -34,6 +34,9 @@ enum {
 	FK_MODULE = 0xfc000004u,
 	FK_LIBRARY = 0xfc000005u,
 	FK_FUNC = 0xfc000006u,
+	FK_GRAPH = 0xfc000007u,
+	FK_GRAPH_NODE = 0xfc000008u,
+	FK_GRAPH_EXEC = 0xfc000009u,
 };
 
 struct fk_device {
@@ -146,6 +149,15 @@ void *fk_obj_alloc(size_t size);
 struct CUfunc_st;
 CUresult fk_launch(CUfunction f, const unsigned int grid[3], const unsigned int block[3],
 		   unsigned int shmem, CUstream s, void **params, void **extra);
+/* The parameter layout of a registered kernel (fk_lock not held): count,
+ * offsets, sizes (valid for the life of the process) and total bytes.
+ * CUDA_ERROR_INVALID_HANDLE when f is none. */
+CUresult fk_func_layout(CUfunction f, int *nparams, const size_t **off, const size_t **size, size_t *argbytes);
+
+/* ---- copies (copy.c), for graph nodes (graph.c) ---- */
+CUresult fk_copy3d(const CUDA_MEMCPY3D *c);
+/* height rows of width elements of esize bytes, pitch apart, set to v. */
+CUresult fk_fill(uintptr_t dst, size_t pitch, uint32_t v, size_t esize, size_t width, size_t height);
 
 /* ---- entry points (procaddr.c, gen-stubs.c) ---- */
 /* What every unimplemented cuda.h function is a weak alias of. */

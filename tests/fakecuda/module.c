@@ -528,6 +528,21 @@ CUresult CUDAAPI cuFuncLoad(CUfunction function)
 
 /* ---- launches ---- */
 
+CUresult fk_func_layout(CUfunction func, int *nparams, const size_t **off, const size_t **size, size_t *argbytes)
+{
+	struct CUfunc_st *f = func_of(func);
+
+	if (!f)
+		return CUDA_ERROR_INVALID_HANDLE;
+	fk_lock_take();
+	*nparams = f->nparams;
+	*off = f->off;
+	*size = f->size;
+	*argbytes = f->argbytes;
+	fk_lock_drop();
+	return CUDA_SUCCESS;
+}
+
 CUresult fk_launch(CUfunction func, const unsigned int grid[3], const unsigned int block[3], unsigned int shmem,
 		   CUstream s, void **params, void **extra)
 {

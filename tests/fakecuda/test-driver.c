@@ -158,7 +158,7 @@ int main(void)
 	CU_OK(((pfn_get_proc_v1)lib_sym("cuGetProcAddress"))("cuMemFree", &fn, 13000, 0));
 	CHECK(fn == lib_sym("cuMemFree_v2"));
 	/* Declared by cuda.h but not implemented: a stub that says so. */
-	CU_OK(cuGetProcAddress("cuGraphCreate", &fn, 13000, 0, &st));
+	CU_OK(cuGetProcAddress("cuTexObjectCreate", &fn, 13000, 0, &st));
 	CHECK(fn && st == CU_GET_PROC_ADDRESS_SUCCESS);
 	CHECK(((pfn_noargs)fn)() == CUDA_ERROR_NOT_SUPPORTED);
 	CU_OK(cuGetProcAddress("cuNoSuchFunction", &fn, 13000, 0, &st));

@@ -1,10 +1,11 @@
-/* The DAG of a checkpoint epoch: nodes for decoded launches, edges to
- * buffer chunks, per-stream order and the written-chunk bitmaps, all in
- * fixed-capacity arenas. See dag.h. */
+/* The DAG of a checkpoint epoch: nodes for decoded launches, copies,
+ * memsets and graph launches, edges to buffer chunks, per-stream order and
+ * the written-chunk bitmaps, all in fixed-capacity arenas. See dag.h. */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "buftab.h"
 #include "dag.h"
 
 #define DAG_MAX_STREAMS 1024u /* distinct streams per epoch; a power of two */
@@ -42,8 +43,9 @@ static struct dag_arena arena;
 static struct dag_stream streams[DAG_MAX_STREAMS];
 static uint32_t nnodes, nedges, nbufs;
 static size_t words_used;
-static int dag_open; /* read without the lock by dag_record_launch */
+static int dag_open; /* read without the lock by the recorders */
 static bool dag_overflowed;
+static bool dag_unbounded;
 
 static void arena_free(struct dag_arena *a)
 {
@@ -107,6 +109,7 @@ int dag_configure(const struct dag_config *cfg)
 		nnodes = nedges = nbufs = 0;
 		words_used = 0;
 		dag_overflowed = false;
+		dag_unbounded = false;
 	}
 	pthread_mutex_unlock(&dag_lock);
 	return err;
@@ -131,6 +134,7 @@ int dag_epoch_begin(void)
 	nnodes = nedges = nbufs = 0;
 	words_used = 0;
 	dag_overflowed = false;
+	dag_unbounded = false;
 	__atomic_store_n(&dag_open, 1, __ATOMIC_RELEASE);
 out:
 	pthread_mutex_unlock(&dag_lock);
@@ -173,28 +177,29 @@ static long buf_find(uint64_t id)
 	return -1;
 }
 
-/* Index of t's buffer in the epoch, added if new; -1 when full. */
-static long buf_get(const struct launch_touch *t)
+/* Index of buffer id (at base, size bytes) in the epoch, added if new; -1
+ * when full. */
+static long buf_get(uint64_t id, CUdeviceptr base, size_t size)
 {
-	long idx = buf_find(t->buf_id);
+	long idx = buf_find(id);
 	size_t nch, words, i;
 	struct dag_buffer *b;
 
 	if (idx >= 0)
 		return idx;
-	nch = (t->size + dag_cfg.chunk_size - 1) / dag_cfg.chunk_size;
+	nch = (size + dag_cfg.chunk_size - 1) / dag_cfg.chunk_size;
 	words = (nch + 63) / 64;
 	if (nbufs >= dag_cfg.max_bufs || nch > UINT32_MAX || words > arena.nwords - words_used)
 		return -1;
 	b = &arena.bufs[nbufs];
-	b->buf_id = t->buf_id;
-	b->base = t->base;
-	b->size = t->size;
+	b->buf_id = id;
+	b->base = base;
+	b->size = size;
 	b->nchunks = (uint32_t)nch;
 	arena.buf_word[nbufs] = (uint32_t)words_used;
 	memset(arena.bits + words_used, 0, words * sizeof(uint64_t));
 	words_used += words;
-	i = id_hash(t->buf_id, arena.hash_size);
+	i = id_hash(id, arena.hash_size);
 	while (arena.buf_hash[i])
 		i = (i + 1) & (arena.hash_size - 1);
 	arena.buf_hash[i] = nbufs + 1;
@@ -226,47 +231,174 @@ static bool stream_next(CUstream s, uint64_t *ret)
 	return false;
 }
 
-void dag_record_launch(const struct launch_decoded *d)
+/* ---- recording, under dag_lock ------------------------------------------ */
+
+/* A new node, its edges to follow (edge_add); NULL when the arenas or the
+ * stream table are full. */
+static struct dag_node *node_new(enum dag_node_kind kind, CUstream s, CUfunction func, CUgraphExec exec,
+				 unsigned int flags)
 {
 	struct dag_node *n;
 	uint64_t sseq;
+
+	if (nnodes >= dag_cfg.max_nodes || !stream_next(s, &sseq))
+		return NULL;
+	n = &arena.nodes[nnodes];
+	n->seq = nnodes;
+	n->stream_seq = sseq;
+	n->stream = s;
+	n->func = func;
+	n->exec = exec;
+	n->kind = kind;
+	n->flags = flags;
+	n->edge_first = nedges;
+	n->nedges = 0;
+	return n;
+}
+
+/* Adds to n an edge on chunks [lo, hi) of the epoch's buffer b, or widens
+ * n's last edge when it is on the same buffer with the same access and
+ * meets this one. false when the edge arena is full. */
+static bool edge_add(struct dag_node *n, long b, uint32_t lo, uint32_t hi, uint32_t access)
+{
+	struct dag_edge *e = n->nedges ? &arena.edges[nedges + n->nedges - 1] : NULL;
+
+	if (e && e->buf == (uint32_t)b && e->access == access && lo <= e->chunk_hi && hi >= e->chunk_lo) {
+		e->chunk_lo = lo < e->chunk_lo ? lo : e->chunk_lo;
+		e->chunk_hi = hi > e->chunk_hi ? hi : e->chunk_hi;
+	} else {
+		if (nedges + n->nedges >= dag_cfg.max_edges)
+			return false;
+		e = &arena.edges[nedges + n->nedges++];
+		e->buf = (uint32_t)b;
+		e->chunk_lo = lo;
+		e->chunk_hi = hi;
+		e->access = access;
+	}
+	if (access & DAG_ACCESS_WRITE)
+		set_bits(arena.bits + arena.buf_word[b], lo, hi);
+	return true;
+}
+
+/* Makes n part of the epoch. */
+static void node_commit(struct dag_node *n)
+{
+	nedges += n->nedges;
+	nnodes++;
+	if (n->flags & DAG_NODE_F_UNBOUNDED)
+		dag_unbounded = true;
+}
+
+/* Adds n's edges for range r: false when an arena is full. */
+static bool range_edges(struct dag_node *n, const struct dag_range *r)
+{
+	CUdeviceptr a = r->addr, end = r->addr + (r->len ? r->len : 1);
+	size_t chunk = dag_cfg.chunk_size;
+	struct buf b;
+
+	if (!r->len && !(r->flags & DAG_RANGE_WHOLE))
+		return true;
+	if (end < a)
+		end = ~(CUdeviceptr)0; /* wraps: as far as buffers go */
+	while (a < end && buftab_lookup(a, &b) == 0) {
+		CUdeviceptr bend = b.base + b.size;
+		size_t lo = a - b.base, hi = (end < bend ? end : bend) - b.base;
+		long idx = buf_get(b.id, b.base, b.size);
+
+		if (r->flags & DAG_RANGE_WHOLE) {
+			lo = 0;
+			hi = b.size;
+		}
+		if (idx < 0 || !edge_add(n, idx, (uint32_t)(lo / chunk), (uint32_t)((hi + chunk - 1) / chunk),
+					 r->access))
+			return false;
+		a = bend;
+	}
+	return true;
+}
+
+/* Records one node if an epoch is open: add_edges gives it its edges,
+ * false when they do not fit (the epoch overflows). */
+static void record(enum dag_node_kind kind, CUstream s, CUfunction func, CUgraphExec exec, unsigned int flags,
+		   bool (*add_edges)(struct dag_node *n, const void *arg), const void *arg)
+{
+	struct dag_node *n;
 
 	if (!__atomic_load_n(&dag_open, __ATOMIC_ACQUIRE))
 		return;
 	pthread_mutex_lock(&dag_lock);
 	if (!dag_open || dag_overflowed)
 		goto out;
-	if ((d->flags & LAUNCH_F_UNKNOWN) || nnodes >= dag_cfg.max_nodes ||
-	    d->ntouch > dag_cfg.max_edges - nedges || !stream_next(d->stream, &sseq))
-		goto overflow;
-	n = &arena.nodes[nnodes];
-	n->seq = nnodes;
-	n->stream_seq = sseq;
-	n->stream = d->stream;
-	n->func = d->func;
-	n->edge_first = nedges;
-	n->nedges = 0;
-	for (unsigned int i = 0; i < d->ntouch; i++) {
-		long b = buf_get(&d->touch[i]);
-		struct dag_edge *e;
-
-		if (b < 0)
-			goto overflow;
-		/* Whole buffers (launch.h says why): every chunk of it. */
-		e = &arena.edges[nedges + n->nedges++];
-		e->buf = (uint32_t)b;
-		e->chunk_lo = 0;
-		e->chunk_hi = arena.bufs[b].nchunks;
-		e->access = DAG_ACCESS_READ | DAG_ACCESS_WRITE;
-		set_bits(arena.bits + arena.buf_word[b], e->chunk_lo, e->chunk_hi);
+	n = node_new(kind, s, func, exec, flags);
+	if (!n || !add_edges(n, arg)) {
+		dag_overflowed = true;
+		goto out;
 	}
-	nedges += n->nedges;
-	nnodes++;
-	goto out;
-overflow:
-	dag_overflowed = true;
+	node_commit(n);
 out:
 	pthread_mutex_unlock(&dag_lock);
+}
+
+static bool launch_edges(struct dag_node *n, const void *arg)
+{
+	const struct launch_decoded *d = arg;
+
+	for (unsigned int i = 0; i < d->ntouch; i++) {
+		const struct launch_touch *t = &d->touch[i];
+		long b = buf_get(t->buf_id, t->base, t->size);
+
+		/* Whole buffers (launch.h says why): every chunk of it. */
+		if (b < 0 || !edge_add(n, b, 0, arena.bufs[b].nchunks, DAG_ACCESS_READ | DAG_ACCESS_WRITE))
+			return false;
+	}
+	return true;
+}
+
+void dag_record_launch(const struct launch_decoded *d)
+{
+	if (d->flags & LAUNCH_F_UNKNOWN) {
+		if (__atomic_load_n(&dag_open, __ATOMIC_ACQUIRE)) {
+			pthread_mutex_lock(&dag_lock);
+			if (dag_open)
+				dag_overflowed = true;
+			pthread_mutex_unlock(&dag_lock);
+		}
+		return;
+	}
+	record(DAG_NODE_LAUNCH, d->stream, d->func, NULL, 0, launch_edges, d);
+}
+
+struct ranges_arg {
+	const struct dag_range *r;
+	size_t n;
+};
+
+static bool ranges_edges(struct dag_node *n, const void *arg)
+{
+	const struct ranges_arg *a = arg;
+
+	for (size_t i = 0; i < a->n; i++)
+		if (a->r[i].access && !range_edges(n, &a->r[i]))
+			return false;
+	return true;
+}
+
+void dag_record_ranges(enum dag_node_kind kind, CUstream s, CUgraphExec exec, unsigned int flags,
+		       const struct dag_range *r, size_t nr)
+{
+	const struct ranges_arg a = { r, nr };
+
+	record(kind, s, NULL, exec, flags, ranges_edges, &a);
+}
+
+size_t dag_chunk_size(void)
+{
+	size_t c;
+
+	pthread_mutex_lock(&dag_lock);
+	c = dag_cfg.chunk_size;
+	pthread_mutex_unlock(&dag_lock);
+	return c;
 }
 
 void dag_get_stats(struct dag_stats *ret)
@@ -274,6 +406,7 @@ void dag_get_stats(struct dag_stats *ret)
 	pthread_mutex_lock(&dag_lock);
 	ret->open = dag_open != 0;
 	ret->overflowed = dag_overflowed;
+	ret->unbounded = dag_unbounded;
 	ret->nodes = nnodes;
 	ret->edges = nedges;
 	ret->bufs = nbufs;
@@ -307,7 +440,7 @@ long dag_written(uint64_t buf_id, size_t size, uint64_t *ret_bits, size_t nwords
 		return -ENOSPC;
 	}
 	memset(ret_bits, 0, words * sizeof(*ret_bits));
-	if (dag_overflowed) {
+	if (dag_overflowed || dag_unbounded) {
 		set_bits(ret_bits, 0, (uint32_t)(nch > UINT32_MAX ? UINT32_MAX : nch));
 	} else {
 		idx = arena.buf_hash ? buf_find(buf_id) : -1;

@@ -362,22 +362,11 @@ static __attribute__((noinline)) void launch_before(struct launch_decoded *d, CU
 		fn(d, __atomic_load_n(&observer_arg, __ATOMIC_RELAXED));
 }
 
-static inline bool decoding(void)
-{
-	return __builtin_expect(__atomic_load_n(&launch_decoding, __ATOMIC_RELAXED) != 0, 0);
-}
-
 typedef CUresult (*launch_kernel_fn)(CUfunction, unsigned int, unsigned int, unsigned int, unsigned int,
 				     unsigned int, unsigned int, unsigned int, CUstream, void **, void **);
 typedef CUresult (*launch_ex_fn)(const CUlaunchConfig *, CUfunction, void **, void **);
 typedef CUresult (*launch_coop_fn)(CUfunction, unsigned int, unsigned int, unsigned int, unsigned int,
 				   unsigned int, unsigned int, unsigned int, CUstream, void **);
-
-/* The stream a _ptsz launch names by NULL is the calling thread's. */
-static inline CUstream ptsz_stream(CUstream s)
-{
-	return s ? s : CU_STREAM_PER_THREAD;
-}
 
 static CUresult launch_kernel_slow(int k, CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
 				   unsigned int bx, unsigned int by, unsigned int bz, unsigned int shmem, CUstream s,
@@ -389,7 +378,7 @@ static CUresult launch_kernel_slow(int k, CUfunction f, unsigned int gx, unsigne
 
 	if (!fn)
 		return real_absent(launch_names[k]);
-	launch_before(d, f, k == L_KERNEL_PTSZ ? ptsz_stream(s) : s, kernelParams, extra);
+	launch_before(d, f, k == L_KERNEL_PTSZ ? launch_ptsz_stream(s) : s, kernelParams, extra);
 	r = fn(f, gx, gy, gz, bx, by, bz, shmem, s, kernelParams, extra);
 	if (r == CUDA_SUCCESS)
 		dag_record_launch(d);
@@ -405,7 +394,7 @@ static CUresult launch_kernel_slow(int k, CUfunction f, unsigned int gx, unsigne
 		launch_kernel_fn fn;                                                                 \
                                                                                                      \
 		gate_pass();                                                                         \
-		if (decoding())                                                                      \
+		if (launch_decoding_on())                                                                      \
 			return launch_kernel_slow(k, f, gx, gy, gz, bx, by, bz, shmem, s, kernelParams, \
 						  extra);                                            \
 		fn = (launch_kernel_fn)launch_fn(k);                                                 \
@@ -429,7 +418,7 @@ static CUresult launch_ex_slow(int k, const CUlaunchConfig *config, CUfunction f
 		return real_absent(launch_names[k]);
 	if (!config)
 		return fn(config, f, kernelParams, extra); /* the driver says what is wrong */
-	s = k == L_EX_PTSZ ? ptsz_stream(config->hStream) : config->hStream;
+	s = k == L_EX_PTSZ ? launch_ptsz_stream(config->hStream) : config->hStream;
 	launch_before(d, f, s, kernelParams, extra);
 	r = fn(config, f, kernelParams, extra);
 	if (r == CUDA_SUCCESS)
@@ -445,7 +434,7 @@ static CUresult launch_ex_slow(int k, const CUlaunchConfig *config, CUfunction f
 		launch_ex_fn fn;                                                                    \
                                                                                                     \
 		gate_pass();                                                                        \
-		if (decoding())                                                                     \
+		if (launch_decoding_on())                                                                     \
 			return launch_ex_slow(k, config, f, kernelParams, extra);                   \
 		fn = (launch_ex_fn)launch_fn(k);                                                    \
 		if (!fn)                                                                            \
@@ -466,7 +455,7 @@ static CUresult launch_coop_slow(int k, CUfunction f, unsigned int gx, unsigned 
 
 	if (!fn)
 		return real_absent(launch_names[k]);
-	launch_before(d, f, k == L_COOP_PTSZ ? ptsz_stream(s) : s, kernelParams, NULL);
+	launch_before(d, f, k == L_COOP_PTSZ ? launch_ptsz_stream(s) : s, kernelParams, NULL);
 	r = fn(f, gx, gy, gz, bx, by, bz, shmem, s, kernelParams);
 	if (r == CUDA_SUCCESS)
 		dag_record_launch(d);
@@ -482,7 +471,7 @@ static CUresult launch_coop_slow(int k, CUfunction f, unsigned int gx, unsigned 
 		launch_coop_fn fn;                                                                     \
                                                                                                        \
 		gate_pass();                                                                           \
-		if (decoding())                                                                        \
+		if (launch_decoding_on())                                                                        \
 			return launch_coop_slow(k, f, gx, gy, gz, bx, by, bz, shmem, s, kernelParams); \
 		fn = (launch_coop_fn)launch_fn(k);                                                     \
 		if (!fn)                                                                               \

@@ -61,8 +61,20 @@ struct launch_decoded {
 	struct launch_touch touch[LAUNCH_MAX_TOUCH]; /* in order of first sight */
 };
 
-/* The flag the wrappers test: nonzero while decoding is on. */
+/* The flag the wrappers test: nonzero while decoding is on. The copy and
+ * graph wrappers (copy.c, graph.h) test it too. */
 extern int launch_decoding SHIM_HIDDEN;
+
+static inline bool launch_decoding_on(void)
+{
+	return __builtin_expect(__atomic_load_n(&launch_decoding, __ATOMIC_RELAXED) != 0, 0);
+}
+
+/* The stream a _ptsz call names by NULL is the calling thread's. */
+static inline CUstream launch_ptsz_stream(CUstream s)
+{
+	return s ? s : CU_STREAM_PER_THREAD;
+}
 
 /* Turns decoding on for as long as one hold is outstanding (dag_epoch_begin
  * takes one, dag_epoch_end gives it back). Thread-safe. */

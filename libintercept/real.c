@@ -169,6 +169,21 @@ void real_load_once(void)
 	pthread_once(&real_once, real_load_run);
 }
 
+static int cmp_wrap_name(const void *key, const void *elem)
+{
+	return strcmp(key, *(const char *const *)elem);
+}
+
+void *real_wrapped_fn(const char *name)
+{
+	const char *const *hit;
+
+	real_ensure();
+	/* wrap_names is sorted (gen-forward.sh sorts wrapped.list). */
+	hit = bsearch(name, wrap_names, WRAP_COUNT, sizeof(wrap_names[0]), cmp_wrap_name);
+	return hit ? real_wrapped[hit - wrap_names] : NULL;
+}
+
 CUresult real_absent(const char *name)
 {
 	static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;

@@ -68,7 +68,13 @@
 	X(cuStreamIsCapturing_ptsz)          \
 	X(cuStreamGetDevice)                 \
 	X(cuStreamGetDevice_ptsz)            \
-	X(cuThreadExchangeStreamCaptureMode)
+	X(cuThreadExchangeStreamCaptureMode) \
+	X(cuGraphGetNodes)                   \
+	X(cuGraphNodeGetType)                \
+	X(cuGraphKernelNodeGetParams_v2)     \
+	X(cuGraphMemcpyNodeGetParams)        \
+	X(cuGraphMemsetNodeGetParams)        \
+	X(cuGraphChildGraphNodeGetGraph)
 
 struct real_driver {
 	void *handle;     /* dlopen handle; NULL when no driver was found */
@@ -94,6 +100,32 @@ static inline void real_ensure(void)
 	if (__builtin_expect(!__atomic_load_n(&real_loaded, __ATOMIC_ACQUIRE), 0))
 		real_load_once();
 }
+
+/* The real driver's function for name, one of wrap_names (real_wrapped),
+ * or NULL when the driver lacks it. Loads the driver first. */
+void *real_wrapped_fn(const char *name) SHIM_HIDDEN;
+
+/* The same, remembered in *cache (a wrapper's static): one load once found. */
+static inline void *real_wrapped_cached(void **cache, const char *name)
+{
+	void *fn = __atomic_load_n(cache, __ATOMIC_ACQUIRE);
+
+	if (__builtin_expect(!fn, 0)) {
+		fn = real_wrapped_fn(name);
+		__atomic_store_n(cache, fn, __ATOMIC_RELEASE);
+	}
+	return fn;
+}
+
+/* Calls the real driver's function for the wrapped name (an identifier),
+ * of type fntype, with args (in parentheses); real_absent(name) when the
+ * driver lacks it. An expression of type CUresult. */
+#define REAL_WRAPPED_CALL(name, fntype, args)                                      \
+	({                                                                         \
+		static void *real_fn_;                                             \
+		fntype fn_ = (fntype)real_wrapped_cached(&real_fn_, #name);        \
+		fn_ ? fn_ args : real_absent(#name);                               \
+	})
 
 /* What a wrapper returns when the driver entry point `name` it needs is
  * missing: CUDA_ERROR_NO_DEVICE without a driver, else CUDA_ERROR_NOT_FOUND

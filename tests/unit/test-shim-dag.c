@@ -17,6 +17,7 @@
 #include "launch.h"
 #include "t.h"
 #include "shimtest.h"
+#include "dagtest.h"
 
 #define MIB (1UL << 20)
 
@@ -39,64 +40,10 @@ static CUresult launch2(CUstream s, CUdeviceptr a, CUdeviceptr b)
 	return cuLaunchKernel(k2, 1, 1, 1, 1, 1, 1, 0, s, params, NULL);
 }
 
-#define MAX_SEEN 16
-
-struct seen_edge {
-	uint64_t buf_id;
-	uint32_t lo, hi, access;
-};
-
-struct seen_node {
-	struct dag_node n;
-	unsigned nedges;
-	struct seen_edge e[4];
-};
-
-static struct seen_node seen[MAX_SEEN];
-static unsigned nseen;
-
-static int collect(const struct dag_node *n, const struct dag_edge *edges, const struct dag_buffer *bufs,
-		   void *arg)
-{
-	struct seen_node *s;
-
-	(void)arg;
-	if (nseen == MAX_SEEN)
-		return 1;
-	s = &seen[nseen++];
-	s->n = *n;
-	s->nedges = n->nedges < 4 ? n->nedges : 4;
-	for (unsigned i = 0; i < s->nedges; i++) {
-		s->e[i].buf_id = bufs[edges[i].buf].buf_id;
-		s->e[i].lo = edges[i].chunk_lo;
-		s->e[i].hi = edges[i].chunk_hi;
-		s->e[i].access = edges[i].access;
-	}
-	return 0;
-}
-
-static void collect_all(void)
-{
-	nseen = 0;
-	CHECK_EQ_INT(dag_for_each_node(collect, NULL), 0);
-}
-
 /* Node i has an edge to buffer id over chunks [lo, hi), read+write. */
-static int has_edge(unsigned i, uint64_t id, uint32_t lo, uint32_t hi)
+static int has_rw(unsigned i, uint64_t id, uint32_t lo, uint32_t hi)
 {
-	for (unsigned k = 0; k < seen[i].nedges; k++)
-		if (seen[i].e[k].buf_id == id)
-			return seen[i].e[k].lo == lo && seen[i].e[k].hi == hi &&
-			       seen[i].e[k].access == (DAG_ACCESS_READ | DAG_ACCESS_WRITE);
-	return 0;
-}
-
-static struct buf buf_of(CUdeviceptr p)
-{
-	struct buf b;
-
-	REQUIRE(buftab_lookup(p, &b) == 0);
-	return b;
+	return has_edge(&seen[i], id, lo, hi, DAG_ACCESS_READ | DAG_ACCESS_WRITE);
 }
 
 int main(void)
@@ -200,15 +147,15 @@ int main(void)
 	CHECK(seen[2].n.stream == s1 && seen[2].n.stream_seq == 1);
 	CHECK(seen[3].n.stream == s2 && seen[3].n.stream_seq == 1);
 	CHECK_EQ_INT(seen[0].nedges, 2);
-	CHECK(has_edge(0, bA.id, 0, 3));
-	CHECK(has_edge(0, bB.id, 0, 1));
+	CHECK(has_rw(0, bA.id, 0, 3));
+	CHECK(has_rw(0, bB.id, 0, 1));
 	CHECK_EQ_INT(seen[1].nedges, 1);
-	CHECK(has_edge(1, bC.id, 0, 4));
+	CHECK(has_rw(1, bC.id, 0, 4));
 	CHECK_EQ_INT(seen[2].nedges, 1);
-	CHECK(has_edge(2, bA.id, 0, 3));
+	CHECK(has_rw(2, bA.id, 0, 3));
 	CHECK_EQ_INT(seen[3].nedges, 2);
-	CHECK(has_edge(3, bB.id, 0, 1));
-	CHECK(has_edge(3, bC.id, 0, 4));
+	CHECK(has_rw(3, bB.id, 0, 1));
+	CHECK(has_rw(3, bC.id, 0, 4));
 
 	/* Written chunks, per buffer. */
 	CHECK_EQ_INT(dag_written(bA.id, bA.size, bits, 4), 3);
@@ -236,8 +183,8 @@ int main(void)
 	CHECK_EQ_INT(launch2(s2, A + 1, B + 4), CUDA_SUCCESS);
 	collect_all();
 	REQUIRE(nseen == 1);
-	CHECK(has_edge(0, bA.id, 0, 5));
-	CHECK(has_edge(0, bB.id, 0, 1));
+	CHECK(has_rw(0, bA.id, 0, 5));
+	CHECK(has_rw(0, bB.id, 0, 1));
 	CHECK(seen[0].n.stream == s2 && seen[0].n.stream_seq == 0);
 	CHECK_EQ_INT(dag_written(bA.id, bA.size, bits, 4), 5);
 	CHECK_EQ_INT(bits[0], 0x1f);

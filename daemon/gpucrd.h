@@ -122,6 +122,8 @@ struct img_stats {
 	uint32_t control_tid, uid;      /* imgio_read: from the image header */
 	char comm[64];
 };
+/* Pins the staging buffers image transfers use ahead of the first one. */
+void imgio_prefill(void);
 int imgio_write(struct proc *p, int dirfd, struct img_stats *st, char *msg, size_t msglen);
 /* Loads the image of pid into new GPU memory, as rbufs (caller frees them
  * on failure with registry code). */

@@ -33,7 +33,7 @@
 #include "image.h"
 #include "log.h"
 
-#define NSLOTS 8
+#define NSLOTS 16
 #define MAX_THREADS 32
 
 /* One stretch to move: [dev_off, dev_off + len) of a buffer <-> file_off
@@ -86,9 +86,9 @@ static uint64_t chunk_size(void)
 
 static size_t stage_size(void)
 {
-	uint64_t mb = env_u64("GPUCR_STAGE_MB", 64);
+	uint64_t mb = env_u64("GPUCR_STAGE_MB", 32);
 
-	return (mb < 2 ? 64 : mb) << 20;
+	return (mb < 2 ? 32 : mb) << 20;
 }
 
 static int nthreads(void)
@@ -101,6 +101,75 @@ static int nthreads(void)
 	if (n > 16 && !want)
 		n = 16;
 	return n < 1 ? 1 : n > MAX_THREADS ? MAX_THREADS : (int)n;
+}
+
+/* Pinned staging is kept between transfers (pinning 1 GiB is not free, and
+ * a restore from an image should not pay for it); GPUCR_STAGE_KEEP=0 frees
+ * it after every transfer instead. */
+#define POOL_MAX (MAX_THREADS * 2)
+static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER;
+static void *pool[POOL_MAX];
+static size_t npool;
+
+static int stage_keep(void)
+{
+	return env_u64("GPUCR_STAGE_KEEP", 1) != 0;
+}
+
+static int stage_get(size_t size, void **ret)
+{
+	pthread_mutex_lock(&pool_lock);
+	if (npool && size == stage_size()) {
+		*ret = pool[--npool];
+		pthread_mutex_unlock(&pool_lock);
+		return 0;
+	}
+	pthread_mutex_unlock(&pool_lock);
+	return gpu_host_alloc(size, ret);
+}
+
+static void stage_put(void *p, size_t size)
+{
+	if (!p)
+		return;
+	pthread_mutex_lock(&pool_lock);
+	if (stage_keep() && size == stage_size() && npool < POOL_MAX) {
+		pool[npool++] = p;
+		p = NULL;
+	}
+	pthread_mutex_unlock(&pool_lock);
+	gpu_host_free(p);
+}
+
+void imgio_prefill(void)
+{
+	uint64_t t0 = now_ns();
+	size_t want = (size_t)nthreads() * 2, have, n = 0;
+	void *p;
+
+	if (!stage_keep())
+		return;
+	pthread_mutex_lock(&pool_lock);
+	have = npool;
+	pthread_mutex_unlock(&pool_lock);
+	for (; have + n < want && gpu_host_alloc(stage_size(), &p) == 0; n++)
+		stage_put(p, stage_size());
+	if (n)
+		pr_debug("%zu MiB of pinned staging ready in %.1f ms", n * stage_size() >> 20, (now_ns() - t0) / 1e6);
+}
+
+/* The longest run one worker moves at a time: a quarter of each worker's
+ * share of `total`, between `unit` and 256 MiB, a multiple of `unit`. Long
+ * stretches of stored chunks are cut into such pieces so that every worker
+ * (and, on tmpfs, every pages file) gets a share. */
+static uint64_t run_piece(uint64_t total, uint64_t unit)
+{
+	uint64_t p = total / ((uint64_t)nthreads() * 4), max = (uint64_t)256 << 20;
+
+	if (p > max)
+		p = max;
+	p -= p % unit;
+	return p < unit ? unit : p;
 }
 
 static void set_err(struct xfer *x, int err, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -139,19 +208,19 @@ static void account(struct xfer *x, uint64_t bytes)
 	pthread_mutex_unlock(&x->lock);
 }
 
-/* GPU <-> pinned staging, on stream s of the run's device. */
-static int dev_copy(struct xfer *x, const struct run *rn, void *host, uint64_t off, uint64_t len, int s)
+/* GPU <-> pinned staging, on stream st (0: stream s of the run's device);
+ * waits for the copy unless async. */
+static int dev_copy_on(struct xfer *x, const struct run *rn, void *host, uint64_t off, uint64_t len, CUstream st,
+		       int async)
 {
 	const struct cudrv *drv = gpu_drv();
-	struct gpu_dev *dev = rn->b->mem.dev;
-	CUstream st = dev->streams[s % GPU_STREAMS];
 	int r;
 
-	r = gpu_use(dev);
+	r = gpu_use(rn->b->mem.dev);
 	if (!r)
 		r = gpucr_err_from_cu(x->write ? drv->cuMemcpyDtoHAsync(host, rn->b->mem.va + rn->dev_off + off, len, st) :
 						 drv->cuMemcpyHtoDAsync(rn->b->mem.va + rn->dev_off + off, host, len, st));
-	if (!r)
+	if (!r && !async)
 		r = gpucr_err_from_cu(drv->cuStreamSynchronize(st));
 	if (r < 0)
 		set_err(x, r, "buffer 0x%" PRIx64 ": copy %s the GPU: %s", rn->b->va, x->write ? "from" : "to",
@@ -159,13 +228,28 @@ static int dev_copy(struct xfer *x, const struct run *rn, void *host, uint64_t o
 	return r;
 }
 
+static int dev_copy(struct xfer *x, const struct run *rn, void *host, uint64_t off, uint64_t len, int s)
+{
+	return dev_copy_on(x, rn, host, off, len, rn->b->mem.dev->streams[s % GPU_STREAMS], 0);
+}
+
 /* ---- engine 1: parallel workers, pwrite/pread ---------------------------- */
 
+/* Each worker owns two staging buffers and a stream per device, so the
+ * GPU copy of one slice overlaps the file I/O of the one before. */
 struct worker {
 	struct xfer *x;
 	int idx;
-	void *stage;
+	void *stage[2];
+	CUstream st[GPU_MAX_DEVICES];
 	pthread_t th;
+};
+
+/* One slot-sized piece of a run. */
+struct slice {
+	const struct run *rn;
+	uint64_t off, len;
+	CUstream st;
 };
 
 static int io_full(struct xfer *x, int write, int fd, void *buf, uint64_t len, uint64_t off)
@@ -191,65 +275,138 @@ static int io_full(struct xfer *x, int write, int fd, void *buf, uint64_t len, u
 	return 0;
 }
 
+static CUstream worker_stream(struct worker *w, struct gpu_dev *dev)
+{
+	int o = dev->ordinal;
+
+	if (o < 0 || o >= GPU_MAX_DEVICES)
+		return dev->streams[w->idx % GPU_STREAMS];
+	if (!w->st[o] && (gpu_use(dev) < 0 || gpu_drv()->cuStreamCreate(&w->st[o], CU_STREAM_NON_BLOCKING)))
+		w->st[o] = NULL;
+	return w->st[o] ? w->st[o] : dev->streams[w->idx % GPU_STREAMS];
+}
+
+/* The worker's next slice: the rest of its run, or a new run. */
+static int next_slice(struct worker *w, const struct run **rn, uint64_t *roff, struct slice *sl)
+{
+	struct xfer *x = w->x;
+
+	if (!*rn || *roff == (*rn)->len) {
+		pthread_mutex_lock(&x->lock);
+		if (x->err || x->next == x->nruns) {
+			pthread_mutex_unlock(&x->lock);
+			return 0;
+		}
+		*rn = &x->runs[x->next++];
+		pthread_mutex_unlock(&x->lock);
+		*roff = 0;
+	}
+	sl->rn = *rn;
+	sl->off = *roff;
+	sl->len = (*rn)->len - *roff < x->slot_size ? (*rn)->len - *roff : x->slot_size;
+	sl->st = worker_stream(w, (*rn)->b->mem.dev);
+	*roff += sl->len;
+	return 1;
+}
+
+static int slice_io(struct xfer *x, const struct slice *sl, void *buf)
+{
+	return io_full(x, x->write, x->fds[sl->rn->file], buf, sl->len, sl->rn->file_off + sl->off);
+}
+
+static int slice_wait(struct xfer *x, const struct slice *sl)
+{
+	int r = gpucr_err_from_cu(gpu_drv()->cuStreamSynchronize(sl->st));
+
+	if (r < 0)
+		set_err(x, r, "buffer 0x%" PRIx64 ": copy %s the GPU: %s", sl->rn->b->va, x->write ? "from" : "to",
+			gpucr_strerror(r));
+	return r;
+}
+
+/* Writing: copy slice k from the GPU while slice k-1 goes to its file.
+ * Reading: read slice k from its file while slice k-1 goes to the GPU. */
 static void *worker_main(void *arg)
 {
 	struct worker *w = arg;
 	struct xfer *x = w->x;
+	const struct run *rn = NULL;
+	uint64_t roff = 0;
+	struct slice cur, prev;
+	int have_prev = 0, k = 0;
 
-	for (;;) {
-		struct run *rn;
-		uint64_t off;
-
-		pthread_mutex_lock(&x->lock);
-		if (x->err || x->next == x->nruns) {
-			pthread_mutex_unlock(&x->lock);
-			break;
+	while (!x->err && next_slice(w, &rn, &roff, &cur)) {
+		if (x->write) {
+			if (dev_copy_on(x, cur.rn, w->stage[k], cur.off, cur.len, cur.st, 1) < 0)
+				break;
+			if (have_prev && slice_io(x, &prev, w->stage[!k]) < 0)
+				break;
+			if (have_prev)
+				account(x, prev.len);
+			if (slice_wait(x, &cur) < 0)
+				break;
+		} else {
+			if (slice_io(x, &cur, w->stage[k]) < 0)
+				break;
+			if (have_prev && slice_wait(x, &prev) < 0)
+				break;
+			if (have_prev)
+				account(x, prev.len);
+			if (dev_copy_on(x, cur.rn, w->stage[k], cur.off, cur.len, cur.st, 1) < 0)
+				break;
 		}
-		rn = &x->runs[x->next++];
-		pthread_mutex_unlock(&x->lock);
-		for (off = 0; off < rn->len; off += x->slot_size) {
-			uint64_t n = rn->len - off < x->slot_size ? rn->len - off : x->slot_size;
-			int fd = x->fds[rn->file];
-
-			if (x->write) {
-				if (dev_copy(x, rn, w->stage, off, n, w->idx) < 0 ||
-				    io_full(x, 1, fd, w->stage, n, rn->file_off + off) < 0)
-					return NULL;
-			} else {
-				if (io_full(x, 0, fd, w->stage, n, rn->file_off + off) < 0 ||
-				    dev_copy(x, rn, w->stage, off, n, w->idx) < 0)
-					return NULL;
-			}
-			account(x, n);
-		}
+		prev = cur;
+		have_prev = 1;
+		k = !k;
 	}
+	if (have_prev && !x->err && (x->write ? slice_io(x, &prev, w->stage[!k]) : slice_wait(x, &prev)) == 0)
+		account(x, prev.len);
 	return NULL;
+}
+
+static void worker_free(struct worker *w)
+{
+	int o;
+
+	for (o = 0; o < GPU_MAX_DEVICES; o++)
+		if (w->st[o]) {
+			gpu_drv()->cuStreamSynchronize(w->st[o]); /* after an error, a copy may be in flight */
+			gpu_drv()->cuStreamDestroy(w->st[o]);
+		}
+	stage_put(w->stage[0], w->x->slot_size);
+	stage_put(w->stage[1], w->x->slot_size);
 }
 
 static int xfer_parallel(struct xfer *x)
 {
-	struct worker ws[MAX_THREADS];
-	int n = nthreads(), i, started = 0, r;
+	struct worker *ws;
+	int n = nthreads(), i, started = 0, r = 0;
+	uint64_t t0 = now_ns();
 
 	if (x->nruns == 0)
 		return 0;
 	if ((size_t)n > x->nruns)
 		n = (int)x->nruns;
-	memset(ws, 0, sizeof(ws));
-	for (i = 0; i < n; i++) {
+	ws = calloc((size_t)n, sizeof(*ws));
+	if (!ws) {
+		set_err(x, -ENOMEM, "out of memory");
+		return x->err;
+	}
+	for (i = 0; i < n && !r; i++) {
 		ws[i].x = x;
 		ws[i].idx = i;
-		r = gpu_host_alloc(x->slot_size, &ws[i].stage);
-		if (r < 0) {
-			set_err(x, r, "cannot pin %zu MiB of host memory for staging: %s", x->slot_size >> 20,
+		r = stage_get(x->slot_size, &ws[i].stage[0]);
+		if (!r)
+			r = stage_get(x->slot_size, &ws[i].stage[1]);
+		if (r < 0)
+			set_err(x, r, "cannot pin %zu MiB of host memory for staging: %s", 2 * x->slot_size >> 20,
 				gpucr_strerror(r));
+	}
+	pr_debug("pid %d: %s: %d workers, %zu MiB of pinned staging in %.1f ms", (int)x->pid, x->what, n,
+		 (size_t)n * 2 * x->slot_size >> 20, (now_ns() - t0) / 1e6);
+	for (i = 0; i < n && !x->err; i++) {
+		if (pthread_create(&ws[i].th, NULL, worker_main, &ws[i]) != 0)
 			break;
-		}
-		if (pthread_create(&ws[i].th, NULL, worker_main, &ws[i]) != 0) {
-			gpu_host_free(ws[i].stage);
-			ws[i].stage = NULL;
-			break;
-		}
 		started++;
 	}
 	if (!started && !x->err)
@@ -257,7 +414,9 @@ static int xfer_parallel(struct xfer *x)
 	for (i = 0; i < started; i++)
 		pthread_join(ws[i].th, NULL);
 	for (i = 0; i < n; i++)
-		gpu_host_free(ws[i].stage);
+		if (ws[i].x)
+			worker_free(&ws[i]);
+	free(ws);
 	return x->err;
 }
 
@@ -312,7 +471,7 @@ static int xfer_uring(struct xfer *x)
 		return r;
 	}
 	for (i = 0; i < NSLOTS; i++) {
-		r = gpu_host_alloc(x->slot_size, &slots[i].buf);
+		r = stage_get(x->slot_size, &slots[i].buf);
 		if (r < 0) {
 			set_err(x, r, "cannot pin %zu MiB of host memory for staging: %s", x->slot_size >> 20,
 				gpucr_strerror(r));
@@ -376,7 +535,7 @@ static int xfer_uring(struct xfer *x)
 		;
 out:
 	for (i = 0; i < NSLOTS; i++)
-		gpu_host_free(slots[i].buf);
+		stage_put(slots[i].buf, x->slot_size);
 	io_uring_queue_exit(&ring);
 	return x->err;
 }
@@ -475,7 +634,7 @@ int imgio_write(struct proc *p, int dirfd, struct img_stats *st, char *msg, size
 	Gpucr__ImageHeader hdr = GPUCR__IMAGE_HEADER__INIT;
 	Gpucr__Device devrec[GPU_MAX_DEVICES], *devp[GPU_MAX_DEVICES];
 	Gpucr__ImageTrailer tr = GPUCR__IMAGE_TRAILER__INIT;
-	uint64_t chunk = chunk_size(), t0 = now_ns(), pages_size;
+	uint64_t chunk = chunk_size(), t0 = now_ns(), pages_size, piece = 0;
 	struct img_writer *w = NULL;
 	struct rbuf **bufs = NULL, *b;
 	struct bufrec *recs = NULL;
@@ -559,6 +718,9 @@ int imgio_write(struct proc *p, int dirfd, struct img_stats *st, char *msg, size
 	}
 
 	/* Fingerprints first (at HBM speed), then where every stored run goes. */
+	for (i = 0; i < nb; i++)
+		piece += bufs[i]->phys_size;
+	piece = run_piece(piece, chunk);
 	for (i = 0; i < nb && !r; i++) {
 		struct bufrec *br = &recs[i];
 		uint64_t n, c, *fp = NULL;
@@ -596,7 +758,8 @@ int imgio_write(struct proc *p, int dirfd, struct img_stats *st, char *msg, size
 				ch->has_zero = ch->zero = 1;
 			br->cp[c] = ch;
 		}
-		/* Runs of stored chunks, one reservation each. */
+		/* Runs of stored chunks, at most a piece long, one reservation
+		 * each, the pages files taking them in turn. */
 		for (c = 0; c < n && !r;) {
 			uint64_t first = c, len = 0, off, k;
 
@@ -604,7 +767,7 @@ int imgio_write(struct proc *p, int dirfd, struct img_stats *st, char *msg, size
 				c++;
 				continue;
 			}
-			while (c < n && nz[c]) {
+			while (c < n && nz[c] && len < piece) {
 				len += br->chunks[c].length;
 				c++;
 			}
@@ -655,6 +818,16 @@ int imgio_write(struct proc *p, int dirfd, struct img_stats *st, char *msg, size
 			r = -errno;
 			snprintf(msg, msglen, "sizing the image's data file (%" PRIu64 " bytes): %s", pages_size,
 				 strerror(errno));
+			goto out;
+		}
+		/* On a disk, the blocks up front: a full disk says so before a
+		 * byte is copied, and O_DIRECT writes do not allocate. */
+		if (pages_size && !is_tmpfs(x.fds[i]) && fallocate(x.fds[i], 0, 0, (off_t)pages_size) < 0 &&
+		    errno != EOPNOTSUPP) {
+			r = -errno;
+			snprintf(msg, msglen, "the image needs %" PRIu64 " MiB for its GPU data: %s%s", pages_size >> 20,
+				 strerror(errno),
+				 errno == ENOSPC ? " (the image's file system is full; no image was left behind)" : "");
 			goto out;
 		}
 		x.dfds[i] = img_writer_open_pages_direct_n(w, (unsigned)i);
@@ -732,7 +905,7 @@ int imgio_read(pid_t pid, int dirfd, struct rbuf **ret_bufs, struct img_stats *s
 	struct run *runs = NULL;
 	size_t nruns = 0, caprun = 0, i;
 	struct img_errbuf eb;
-	uint64_t t0 = now_ns();
+	uint64_t t0 = now_ns(), piece = 0;
 	struct xfer x = { .nfiles = 0 };
 	int r;
 	char gmsg[512], pname[64];
@@ -758,6 +931,10 @@ int imgio_read(pid_t pid, int dirfd, struct rbuf **ret_bufs, struct img_stats *s
 		snprintf(msg, msglen, "out of memory");
 		goto out;
 	}
+
+	for (i = 0; i < img->nbuffers; i++)
+		piece += img->buffers[i]->size;
+	piece = run_piece(piece, img->hdr->has_chunk_size && img->hdr->chunk_size ? img->hdr->chunk_size : IMG_ALIGN);
 
 	/* New GPU memory for every buffer first: a restore that cannot fit
 	 * fails before reading anything. */
@@ -816,7 +993,7 @@ int imgio_read(pid_t pid, int dirfd, struct rbuf **ret_bufs, struct img_stats *s
 				c++;
 				continue;
 			}
-			while (c < ib->n_chunks && !(ib->chunks[c]->has_zero && ib->chunks[c]->zero) &&
+			while (c < ib->n_chunks && len < piece && !(ib->chunks[c]->has_zero && ib->chunks[c]->zero) &&
 			       ib->chunks[c]->file == ib->chunks[first]->file &&
 			       ib->chunks[c]->data_offset == ib->chunks[first]->data_offset + len &&
 			       ib->chunks[c]->offset == ib->chunks[first]->offset + len) {

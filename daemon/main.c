@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <getopt.h>
 #include <libgen.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,7 +19,8 @@
 static void usage(FILE *f)
 {
 	fprintf(f,
-		"Usage: gpucrd [--socket PATH] [--foreground] [--systemd] [--log FILE] [--verbose]\n\n"
+		"Usage: gpucrd [--socket PATH] [--foreground] [--systemd] [--log FILE] [--verbose]\n"
+		"              [--retain-max-mb N] [--lazy-gpu]\n\n"
 		"The gpucr daemon: attached CUDA processes hand it their GPU memory; it\n"
 		"writes and restores GPU images for CRIU dumps and restores.\n\n"
 		"  --socket PATH   listen here (default $GPUCR_SOCKET or %s)\n"
@@ -28,6 +30,9 @@ static void usage(FILE *f)
 		"  --retain-max-mb N  keep at most N MiB of dumped processes' GPU memory for\n"
 		"                  zero-copy restores (oldest freed first, only once its image is\n"
 		"                  complete; default: no limit; also $GPUCR_RETAIN_MAX_MB)\n"
+		"  --lazy-gpu      start the driver and pin image staging buffers only when a\n"
+		"                  request needs them (default: right after startup, in the\n"
+		"                  background, so a restore from an image does not wait for it)\n"
 		"  --verbose       debug logging (same as GPUCR_LOG=debug)\n"
 		"  --version, --help\n",
 		GPUCR_DEFAULT_SOCKET);
@@ -86,6 +91,24 @@ static void on_signal(uv_signal_t *h, int sig)
 	uv_close((uv_handle_t *)&d->sigint, NULL);
 }
 
+/* The GPU side up front, off the event loop: the first restore from an
+ * image should not wait for the driver to start or for staging to be
+ * pinned. A failure is kept and reported by the request that needs the GPU. */
+static void *warm_up(void *arg)
+{
+	char msg[512];
+	uint64_t t0 = now_ns();
+
+	(void)arg;
+	if (gpu_init(msg, sizeof(msg)) < 0) {
+		pr_debug("no GPU access yet: %s", msg);
+		return NULL;
+	}
+	imgio_prefill();
+	pr_debug("GPU ready after %.1f ms", (now_ns() - t0) / 1e6);
+	return NULL;
+}
+
 static int mkdir_parent(const char *path)
 {
 	char *tmp = strdup(path), *dir;
@@ -109,19 +132,20 @@ int main(int argc, char **argv)
 		{ "log", required_argument, NULL, 'l' },
 		{ "verbose", no_argument, NULL, 'v' },
 		{ "retain-max-mb", required_argument, NULL, 'r' },
+		{ "lazy-gpu", no_argument, NULL, 'L' },
 		{ "version", no_argument, NULL, 'V' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
 	struct daemon *d = &daemon_;
 	const char *path = NULL;
-	int use_systemd = 0, c, r;
+	int use_systemd = 0, lazy_gpu = 0, c, r;
 
 	log_init("gpucrd");
 	d->retain_max = UINT64_MAX;
 	if (getenv("GPUCR_RETAIN_MAX_MB"))
 		d->retain_max = strtoull(getenv("GPUCR_RETAIN_MAX_MB"), NULL, 10) << 20;
-	while ((c = getopt_long(argc, argv, "s:fSl:vVhr:", opts, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, "s:fSl:vVhr:L", opts, NULL)) != -1) {
 		switch (c) {
 		case 's':
 			path = optarg;
@@ -146,6 +170,9 @@ int main(int argc, char **argv)
 			break;
 		case 'r':
 			d->retain_max = strtoull(optarg, NULL, 10) << 20;
+			break;
+		case 'L':
+			lazy_gpu = 1;
 			break;
 		case 'V':
 			printf("gpucrd %s\n", GPUCR_VERSION);
@@ -216,6 +243,12 @@ int main(int argc, char **argv)
 
 	pr_info("gpucrd %s listening on %s (pid %d)", GPUCR_VERSION, d->socket_path, (int)getpid());
 	notify_ready("listening");
+	if (!lazy_gpu) {
+		pthread_t th;
+
+		if (pthread_create(&th, NULL, warm_up, NULL) == 0)
+			pthread_detach(th);
+	}
 	uv_run(d->loop, UV_RUN_DEFAULT);
 
 	registry_free_all(d);

@@ -3,11 +3,15 @@
  * daemon/gpu.c), and a check that the fingerprint kernel agrees with the
  * CPU definition bit for bit.
  *
- *   imgbench --gib G --dir DIR [--buffers N] [--zero-frac F]
+ *   imgbench --gib G --dir DIR [--buffers N] [--zero-frac F] [--ceilings]
  *
- * Prints one line per phase: bytes, seconds, GB/s. */
+ * Prints one line per phase: bytes, seconds, GB/s. --ceilings adds what
+ * the host allows each half of the write path on its own: GPU -> pinned
+ * memory with no file, and memory -> files in DIR with no GPU, each from
+ * as many threads as the image engine uses. */
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,10 +38,105 @@ static double now(void)
 	return ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
+/* ---- --ceilings ---- */
+struct ceil_arg {
+	int idx, nth, dirfd;
+	struct rbuf *b;
+	uint64_t bytes;
+	int err;
+};
+
+static void *ceil_d2h(void *a_)
+{
+	struct ceil_arg *a = a_;
+	const struct cudrv *drv = gpu_drv();
+	size_t piece = 32u << 20;
+	void *h = NULL;
+	CUstream st;
+	uint64_t off;
+
+	if (gpu_use(a->b->mem.dev) < 0 || gpu_host_alloc(piece, &h) < 0 || drv->cuStreamCreate(&st, CU_STREAM_NON_BLOCKING)) {
+		a->err = 1;
+		return NULL;
+	}
+	for (off = (uint64_t)a->idx * piece; off + piece <= a->b->phys_size; off += (uint64_t)a->nth * piece) {
+		drv->cuMemcpyDtoHAsync(h, a->b->mem.va + off, piece, st);
+		drv->cuStreamSynchronize(st);
+		a->bytes += piece;
+	}
+	drv->cuStreamDestroy(st);
+	gpu_host_free(h);
+	return NULL;
+}
+
+static void *ceil_write(void *a_)
+{
+	struct ceil_arg *a = a_;
+	size_t piece = 32u << 20;
+	char name[64], *h = malloc(piece);
+	uint64_t off;
+	int fd;
+
+	snprintf(name, sizeof(name), "ceiling.%d", a->idx);
+	fd = openat(a->dirfd, name, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+	if (fd < 0 || !h) {
+		a->err = 1;
+		free(h);
+		return NULL;
+	}
+	memset(h, 0x5a, piece);
+	for (off = 0; off < a->bytes; off += piece)
+		if (pwrite(fd, h, piece, (off_t)off) != (ssize_t)piece) {
+			a->err = 1;
+			break;
+		}
+	close(fd);
+	unlinkat(a->dirfd, name, 0);
+	free(h);
+	return NULL;
+}
+
+static void ceilings(struct rbuf *b, int dirfd, uint64_t total)
+{
+	int nth = 16, i;
+	pthread_t th[64];
+	struct ceil_arg a[64];
+	uint64_t bytes = 0;
+	double t0, t1;
+
+	if (getenv("GPUCR_IO_THREADS"))
+		nth = atoi(getenv("GPUCR_IO_THREADS"));
+	if (nth < 1 || nth > 64)
+		nth = 16;
+	memset(a, 0, sizeof(a));
+	t0 = now();
+	for (i = 0; i < nth; i++) {
+		a[i] = (struct ceil_arg){ .idx = i, .nth = nth, .b = b };
+		pthread_create(&th[i], NULL, ceil_d2h, &a[i]);
+	}
+	for (i = 0; i < nth; i++) {
+		pthread_join(th[i], NULL);
+		bytes += a[i].bytes;
+	}
+	t1 = now();
+	printf("ceiling       GPU -> pinned memory, %d threads, no file: %.2f GiB in %.3f s: %.1f GB/s\n", nth,
+	       bytes / 1073741824.0, t1 - t0, bytes / (t1 - t0) / 1e9);
+	t0 = now();
+	for (i = 0; i < nth; i++) {
+		a[i] = (struct ceil_arg){ .idx = i, .nth = nth, .dirfd = dirfd, .bytes = total / (uint64_t)nth };
+		pthread_create(&th[i], NULL, ceil_write, &a[i]);
+	}
+	for (i = 0; i < nth; i++)
+		pthread_join(th[i], NULL);
+	t1 = now();
+	printf("ceiling       memory -> %d files, pwrite, no GPU: %.2f GiB in %.3f s: %.1f GB/s\n", nth,
+	       total / 1073741824.0, t1 - t0, total / (t1 - t0) / 1e9);
+}
+
 int main(int argc, char **argv)
 {
 	double gib = 4, zero_frac = 0.0, t0, t1;
-	int nbuf = 4, i, r, dirfd;
+	int nbuf = 4, i, r, dirfd, ceil = 0;
 	const char *dir = NULL;
 	struct proc p;
 	struct rbuf *loaded = NULL, *b;
@@ -58,8 +157,10 @@ int main(int argc, char **argv)
 			nbuf = atoi(argv[++i]);
 		else if (!strcmp(argv[i], "--zero-frac") && i + 1 < argc)
 			zero_frac = atof(argv[++i]);
+		else if (!strcmp(argv[i], "--ceilings"))
+			ceil = 1;
 		else {
-			fprintf(stderr, "usage: imgbench --gib G --dir DIR [--buffers N] [--zero-frac F]\n");
+			fprintf(stderr, "usage: imgbench --gib G --dir DIR [--buffers N] [--zero-frac F] [--ceilings]\n");
 			return 2;
 		}
 	}
@@ -176,6 +277,8 @@ int main(int argc, char **argv)
 	}
 	printf("read+verify   %.2f GiB in %.3f s: %.1f GB/s (fingerprints checked)\n",
 	       st.bytes / 1073741824.0, t1 - t0, st.bytes / (t1 - t0) / 1e9);
+	if (ceil)
+		ceilings(p.bufs, dirfd, p.bytes);
 	while ((b = loaded)) {
 		loaded = b->next;
 		rbuf_free(b);

@@ -9,7 +9,7 @@ import sys
 
 
 def parse(path):
-    rows, steady, header = [], [], []
+    rows, steady, header, images, workloads = [], [], [], [], []
     for line in open(path):
         if line.startswith("#"):
             header.append(line[1:].strip())
@@ -17,14 +17,16 @@ def parse(path):
         if not line.startswith("BENCH "):
             continue
         kv = dict(p.split("=", 1) for p in shlex.split(line[6:]))
-        (steady if "steady" in kv else rows).append(kv)
-    return header, rows, steady
+        (steady if "steady" in kv else images if "image" in kv else
+         workloads if "workload" in kv else rows).append(kv)
+    return header, rows, steady, images, workloads
 
 
 def main():
     log, base = sys.argv[1], sys.argv[2]
-    header, rows, steady = parse(log)
-    json.dump({"header": header, "runs": rows, "steady": steady}, open(base + ".json", "w"), indent=1)
+    header, rows, steady, images, workloads = parse(log)
+    json.dump({"header": header, "runs": rows, "workloads": workloads, "steady": steady,
+               "image_engine": images}, open(base + ".json", "w"), indent=1)
     by = {(r["system"], r["gib"]): r for r in rows}
     sizes = sorted({float(r["gib"]) for r in rows})
     md = ["# gpucr vs the stock CRIU cuda plugin", ""] + ["    " + h for h in header] + [""]
@@ -55,6 +57,42 @@ def main():
             if a and b:
                 ma, mb = sum(a) / len(a), sum(b) / len(b)
                 md.append("| %s | %.2f | %.2f | %+.1f%% |" % (name, ma, mb, (mb / ma - 1) * 100))
+    if workloads:
+        md += ["", "| workload | system | dump (s) | restore (s) | first step after restore (s) | image (MiB) | results |",
+               "|---|---|---|---|---|---|---|"]
+        wby = {(w["workload"], w["system"]): w for w in workloads}
+        for name in dict.fromkeys(w["workload"] for w in workloads):
+            for sys_ in ("reference", "stock", "gpucr", "gpucr-bg", "gpucr-image"):
+                w = wby.get((name, sys_))
+                if not w:
+                    continue
+                if w.get("ok") != "1":
+                    md.append("| %s | %s | failed: %s | | | | |" % (name, sys_, w.get("reason", "")))
+                    continue
+                md.append("| %s | %s | %.2f | %.2f | %.2f | %d | every step identical |" % (
+                    name, sys_, float(w["dump_s"]), float(w["restore_s"]), float(w["first_step_s"]),
+                    int(w["image_bytes"]) // 1048576))
+            s_, c = wby.get((name, "stock")), wby.get((name, "gpucr-bg")) or wby.get((name, "gpucr"))
+            if s_ and c and s_.get("ok") == "1" and c.get("ok") == "1":
+                md.append("| %s | ratio stock/%s | %.1fx | %.1fx | %.1fx | | |" % (
+                    name, c["system"], float(s_["dump_s"]) / max(float(c["dump_s"]), 1e-9),
+                    float(s_["restore_s"]) / max(float(c["restore_s"]), 1e-9),
+                    float(s_["first_step_s"]) / max(float(c["first_step_s"]), 1e-9)))
+    if images:
+        md += ["", "| image engine (bin/imgbench) | GiB | GPU -> image (GB/s) | image -> GPU, fingerprints checked (GB/s) | dd O_DIRECT write / read on the same disk (GB/s) | image engine / dd | host ceilings: GPU -> pinned memory, memory -> files (GB/s) |",
+               "|---|---|---|---|---|---|---|"]
+        for im in images:
+            if im.get("ok") == "0":
+                md.append("| %s | %s | failed: %s | | | | |" % (im["image"], im["gib"], im.get("reason", "")))
+                continue
+            dd, ratio = "", ""
+            if "dd_write_gbs" in im:
+                dd = "%s / %s" % (im["dd_write_gbs"], im["dd_read_gbs"])
+                ratio = "%.0f%% / %.0f%%" % (100 * float(im["write_gbs"]) / max(float(im["dd_write_gbs"]), 1e-9),
+                                            100 * float(im["read_gbs"]) / max(float(im["dd_read_gbs"]), 1e-9))
+            ceil = ("%s, %s" % (im["ceil_d2h_gbs"], im["ceil_files_gbs"])) if "ceil_d2h_gbs" in im else ""
+            md.append("| %s | %s | %s | %s | %s | %s | %s |" % (im["image"] + (" " + im["dir"] if "dir" in im else ""),
+                                                              im["gib"], im["write_gbs"], im["read_gbs"], dd, ratio, ceil))
     open(base + ".md", "w").write("\n".join(md) + "\n")
     try:
         import matplotlib

@@ -46,7 +46,53 @@ for g in ${SIZES:-1 4 16}; do
 		fi
 	done
 done
+
+# The PyTorch workloads (tests/gpu/lib.sh), each dumped at step 8, killed
+# and restored; every step after the restore must match the reference.
+if python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
+	for name in ${WORKLOADS:-$WORKLOADS_ALL}; do
+		cmd=$(workload_cmd "$name") || continue
+		$cmd "$WORK/$name-ref.log" >"$WORK/$name-ref.err" 2>&1 || { emit "system=reference workload=$name ok=0 reason=\"$(tail -1 "$WORK/$name-ref.err" | tr '"' ' ')\""; continue; }
+		for sys in ${WORKLOAD_SYSTEMS:-stock gpucr gpucr-bg}; do
+			if r=$(cr_cycle "$sys" "$name" 8 "$WORK/$name-ref.log" "$cmd"); then
+				set -- $r
+				emit "system=$sys workload=$name ok=1 dump_s=$1 restore_s=$2 first_step_s=$3 image_bytes=$4"
+			else
+				emit "system=$sys workload=$name ok=0 reason=\"$(echo "$r" | tr '\n"' ' ')\""
+			fi
+		done
+	done
+fi
 stop_gpucrd
+
+# gpucrd's image engine alone (bin/imgbench, the daemon's own code): GPU
+# memory -> image files -> new GPU memory, fingerprints checked; on tmpfs,
+# and on the local disk beside what dd with O_DIRECT gets there.
+gbs() { grep -o '[0-9.]* GB/s' | head -1 | cut -d' ' -f1; }
+IMG_GIB=${IMG_GIB:-16}
+mkdir -p "$WORK/imgbench"
+if out=$("$B/bin/imgbench" --gib "$IMG_GIB" --dir "$WORK/imgbench" --ceilings 2>&1); then
+	echo "$out" | sed 's/^/    imgbench| /' >>"$log"
+	emit "image=tmpfs gib=$IMG_GIB write_gbs=$(echo "$out" | grep '^write' | gbs) read_gbs=$(echo "$out" | grep '^read' | gbs)" \
+		"ceil_d2h_gbs=$(echo "$out" | grep 'ceiling.*GPU' | gbs) ceil_files_gbs=$(echo "$out" | grep 'ceiling.*files' | gbs)"
+else
+	emit "image=tmpfs gib=$IMG_GIB ok=0 reason=\"$(echo "$out" | tail -1 | tr '"' ' ')\""
+fi
+rm -rf "$WORK/imgbench"
+DISK_DIR=${BENCH_DISK_DIR:-/var/tmp/gpucr-bench}
+DISK_GIB=${DISK_GIB:-8}
+if [ "$DISK_GIB" != 0 ] && mkdir -p "$DISK_DIR" && [ "$(stat -f -c %T "$DISK_DIR")" != tmpfs ]; then
+	ddw=$(dd if=/dev/zero of="$DISK_DIR/dd" bs=64M count=$((DISK_GIB * 16)) oflag=direct 2>&1 | tee -a "$log" | awk '/copied/ { print $1 / $(NF-1) }')
+	ddr=$(dd if="$DISK_DIR/dd" of=/dev/null bs=64M iflag=direct 2>&1 | tee -a "$log" | awk '/copied/ { print $1 / $(NF-1) }')
+	rm -f "$DISK_DIR/dd"
+	if out=$("$B/bin/imgbench" --gib "$DISK_GIB" --dir "$DISK_DIR" 2>&1); then
+		echo "$out" | sed 's/^/    imgbench| /' >>"$log"
+		emit "image=disk gib=$DISK_GIB dir=$DISK_DIR write_gbs=$(echo "$out" | grep '^write' | gbs) read_gbs=$(echo "$out" | grep '^read' | gbs) dd_write_gbs=$(awk -v b="$ddw" 'BEGIN { printf "%.2f", b / 1e9 }') dd_read_gbs=$(awk -v b="$ddr" 'BEGIN { printf "%.2f", b / 1e9 }')"
+	else
+		emit "image=disk gib=$DISK_GIB ok=0 reason=\"$(echo "$out" | tail -1 | tr '"' ' ')\""
+	fi
+	rm -rf "$DISK_DIR"
+fi
 
 # Steady state: the same programs with and without the shim.
 SHIM="LD_LIBRARY_PATH=$B/lib/gpucr GPUCR_DAEMON=0"

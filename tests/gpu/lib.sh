@@ -30,7 +30,7 @@ wait_gone() { # pid, max seconds
 # Starts a private gpucrd on $WORK/gpucrd.sock (log $WORK/gpucrd.log).
 start_gpucrd() {
 	export GPUCR_SOCKET=$WORK/gpucrd.sock
-	setsid "$B/bin/gpucrd" --socket "$GPUCR_SOCKET" --log "$WORK/gpucrd.log" </dev/null >/dev/null 2>&1 &
+	setsid "$B/bin/gpucrd" --socket "$GPUCR_SOCKET" --log "$WORK/gpucrd.log" ${GPUCRD_ARGS:-} </dev/null >/dev/null 2>&1 &
 	GPUCRD_PID=$!
 	local i
 	for ((i = 0; i < 200; i++)); do
@@ -51,11 +51,28 @@ stop_gpucrd() {
 	GPUCRD_PID=
 }
 
+# The PyTorch workloads (tests/gpu/*.py): $1 name -> the command, to which
+# the output file is appended. Training (losses), generation (tokens), a
+# cuBLAS GEMM loop (checksums), torch.compile (Triton kernels).
+WORKLOADS_ALL="torch-train torch-generate cublas-gemm torch-compile"
+workload_cmd() {
+	local G=$B/share/gpucr/tests/gpu
+	case $1 in
+	torch-train) echo "python3 $G/torch_train.py --steps 30 --step-sleep 0.2 --out" ;;
+	torch-generate) echo "python3 $G/torch_generate.py --tokens 40 --step-sleep 0.15 --out" ;;
+	cublas-gemm) echo "python3 $G/gemm_loop.py --steps 40 --step-sleep 0.15 --out" ;;
+	torch-compile) echo "python3 $G/torch_train.py --compile --steps 30 --step-sleep 0.2 --out" ;;
+	*) return 1 ;;
+	esac
+}
+
 # A C/R cycle of cuda-prog through CRIU: $1 mode: "stock" (CRIU + its cuda
 # plugin), "gpucr" (under gpucr run, restored from retained memory) or
 # "gpucr-image" (gpucrd restarted between dump and restore: from the image)
 # or "gpucr-bg" (CRIU does not wait for the GPU image, GPUCR_IMAGE_WAIT=0;
-# restored at once from retained memory while the image is written).
+# restored at once from retained memory while the image is written) or
+# "plain" (gpucr's plugin, the program not started under gpucr: the
+# driver-only fallback).
 # Runs, dumps at step $3, kills, restores, lets it finish; compares the
 # output with the reference $4. $2 = GiB, $5 = steps. On success prints
 # "dump_s restore_s first_step_s image_bytes", on failure a reason (status 1).
@@ -70,6 +87,7 @@ cr_cycle() {
 	local libdir run_prefix=""
 	case $mode in
 	stock) libdir=$B/lib/criu-stock ;;
+	plain) libdir=$B/lib/criu ;; # gpucr's plugin, a process not started under gpucr: the fallback
 	gpucr | gpucr-image | gpucr-bg)
 		libdir=$B/lib/criu
 		run_prefix="$B/bin/gpucr run --socket $GPUCR_SOCKET --"
@@ -122,5 +140,11 @@ FLOW
 		return 1
 	fi
 	cat "$dir/figures"
+	# CRIU's and gpucrd's logs of each cycle (of the modes in KEEP_LOGS_MODES, default all), kept under $KEEP_LOGS
+	if [ -n "${KEEP_LOGS:-}" ] && [[ " ${KEEP_LOGS_MODES:-$mode} " == *" $mode "* ]]; then
+		mkdir -p "$KEEP_LOGS/$mode-$name"
+		cp "$dir"/img/*.log "$dir"/*.log "$KEEP_LOGS/$mode-$name/" 2>/dev/null
+		cp "$WORK/gpucrd.log" "$KEEP_LOGS/$mode-$name/" 2>/dev/null
+	fi
 	rm -rf "$dir/img"
 }

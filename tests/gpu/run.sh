@@ -3,6 +3,14 @@
 # in a source tree uses build/bundle/gpucr-VERSION). One line per check:
 # NAME SIZE PASS|FAIL|SKIP figures-or-reason; then "N passed, N failed".
 # Results also go to $GPU_TEST_OUT (default: stdout only).
+#
+# Knobs (environment): SIZES (GiB of the CUDA program, default "1 4 16";
+# stock and gpucr at each), MODES (gpucr's modes for it, default "gpucr
+# gpucr-image"), WORKLOADS (default all four PyTorch ones), WORKLOAD_MODES
+# (default "gpucr gpucr-image"; `make bench` runs them against the stock
+# path), SHIM_TORCH_VARIANTS, IMG_SIZES, BIG (64 GiB for gpucr alone:
+# auto, 0 or 1), STEPS, SKIP_TORCH, SKIP_GPUCR_CR, KEEP_LOGS=DIR (keep
+# CRIU's and gpucrd's logs of each cycle; KEEP_LOGS_MODES to choose).
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
 if [ -z "${B:-}" ]; then
@@ -43,7 +51,8 @@ done
 
 # -- references: uninterrupted runs
 STEPS=${STEPS:-40}
-for g in ${SIZES:-1 4}; do
+SIZES=${SIZES:-1 4 16}
+for g in $SIZES; do
 	if ! "$B/tests/gpu/cuda-prog" --gib "$g" --steps "$STEPS" --step-ms 50 --out "$WORK/ref-$g.log" 2>"$WORK/ref-$g.err"; then
 		result "cuda-prog-reference" "${g}GiB" FAIL "$(cat "$WORK/ref-$g.err")"
 	fi
@@ -77,7 +86,7 @@ else
 fi
 
 # -- the stock path (CRIU + its cuda plugin): dump, kill, restore
-for g in ${SIZES:-1 4}; do
+for g in $SIZES; do
 	if r=$(cr_cycle_cuda_prog stock "$g" 10 "$WORK/ref-$g.log" "$STEPS"); then
 		set -- $r
 		result stock-criu-cuda-prog "${g}GiB" PASS "dump ${1}s restore ${2}s (first step ${3}s) image $(($4 / 1048576)) MiB, output identical"
@@ -97,7 +106,8 @@ else
 fi
 if [ -z "${SKIP_TORCH:-}" ] && python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
 	TT=$B/share/gpucr/tests/gpu/torch_train.py
-	for variant in plain expandable compile; do
+	# (torch.compile under the shim: the torch-compile workload below)
+	for variant in ${SHIM_TORCH_VARIANTS:-plain expandable}; do
 		extra=() envx=()
 		case $variant in
 		expandable) envx=(PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True) ;;
@@ -135,8 +145,8 @@ done
 # -- gpucr's own C/R: needs the shim, the daemon's dump path and the plugin
 if [ -f "$B/lib/criu/gpucr_plugin.so" ] && [ -z "${SKIP_GPUCR_CR:-}" ]; then
 	start_gpucrd || result gpucrd-start - FAIL "gpucrd did not start: $(tail -3 "$WORK/gpucrd.log")"
-	for g in ${SIZES:-1 4}; do
-		for mode in gpucr gpucr-image; do
+	for g in $SIZES; do
+		for mode in ${MODES:-gpucr gpucr-image}; do
 			if r=$(cr_cycle_cuda_prog $mode "$g" 10 "$WORK/ref-$g.log" "$STEPS"); then
 				set -- $r
 				result "$mode-criu-cuda-prog" "${g}GiB" PASS "dump ${1}s restore ${2}s (first step ${3}s) image $(($4 / 1048576)) MiB, output identical"
@@ -150,16 +160,11 @@ if [ -f "$B/lib/criu/gpucr_plugin.so" ] && [ -z "${SKIP_GPUCR_CR:-}" ]; then
 	# GEMM loop (checksums), torch.compile (Triton kernels): after a restore
 	# every step must be bit-identical to an uninterrupted run.
 	if python3 -c 'import torch' 2>/dev/null; then
-		G=$B/share/gpucr/tests/gpu
-		for w in "torch-train|python3 $G/torch_train.py --steps 30 --step-sleep 0.2 --out" \
-			"torch-generate|python3 $G/torch_generate.py --tokens 40 --step-sleep 0.15 --out" \
-			"cublas-gemm|python3 $G/gemm_loop.py --steps 40 --step-sleep 0.15 --out" \
-			"torch-compile|python3 $G/torch_train.py --compile --steps 30 --step-sleep 0.2 --out"; do
-			name=${w%%|*}
-			cmd=${w#*|}
+		for name in ${WORKLOADS:-$WORKLOADS_ALL}; do
+			cmd=$(workload_cmd "$name") || { result "$name" - FAIL "no such workload"; continue; }
 			$cmd "$WORK/$name-ref.log" >"$WORK/$name-ref.err" 2>&1 ||
 				{ result "$name-reference" - FAIL "$(tail -2 "$WORK/$name-ref.err" | tr '\n' ' ')"; continue; }
-			for mode in ${WORKLOAD_MODES:-stock gpucr gpucr-image}; do
+			for mode in ${WORKLOAD_MODES:-gpucr gpucr-image}; do
 				if r=$(cr_cycle $mode $name 8 "$WORK/$name-ref.log" "$cmd"); then
 					set -- $r
 					result "$mode-criu-$name" - PASS "dump ${1}s restore ${2}s (first step ${3}s) image $(($4 / 1048576)) MiB, every step identical"
@@ -170,10 +175,26 @@ if [ -f "$B/lib/criu/gpucr_plugin.so" ] && [ -z "${SKIP_GPUCR_CR:-}" ]; then
 			done
 		done
 	fi
+	# A CUDA program not started under gpucr, with gpucr's plugin: the
+	# driver-only fallback (what CRIU's own cuda plugin does).
+	g=${SIZES%% *}
+	if r=$(cr_cycle_cuda_prog plain "$g" 10 "$WORK/ref-$g.log" "$STEPS"); then
+		set -- $r
+		result "plain-criu-cuda-prog" "${g}GiB" PASS "dump ${1}s restore ${2}s (first step ${3}s) image $(($4 / 1048576)) MiB, output identical"
+	else
+		result "plain-criu-cuda-prog" "${g}GiB" FAIL "$r"
+	fi
 	# gpucr alone at 64 GiB: the stock path keeps a full copy in host
 	# memory and then writes an image of the same size (does not fit a
-	# 128 GiB host).
-	if [ -n "${BIG:-}" ]; then
+	# 128 GiB host). On by default where the GPU has 80 GiB and the host
+	# 100 GiB; BIG=0 skips it, BIG=1 forces it.
+	big=${BIG:-auto}
+	if [ "$big" = auto ]; then
+		gmem=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
+		hmem=$(awk '/MemTotal/ { print int($2 / 1048576) }' /proc/meminfo)
+		[ "${gmem:-0}" -ge 81920 ] && [ "$hmem" -ge 100 ] && big=1 || big=0
+	fi
+	if [ "$big" = 1 ]; then
 		"$B/tests/gpu/cuda-prog" --gib 64 --steps 20 --step-ms 50 --out "$WORK/ref-64.log"
 		if r=$(cr_cycle_cuda_prog gpucr 64 8 "$WORK/ref-64.log" 20); then
 			set -- $r

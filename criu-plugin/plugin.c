@@ -20,6 +20,7 @@
  * Hooks answer -ENOTSUP for processes without CUDA state. */
 #include <dlfcn.h>
 #include <errno.h>
+#include <signal.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -357,8 +358,10 @@ static int has_gpucr_image(int pid)
 }
 
 
-/* Makes the GPU memory of one dumped process ready in gpucrd. */
-static int prepare_restore(int pid, Gpucr__Msg **ret)
+/* Makes the GPU memory of one dumped process ready in gpucrd; with
+ * background, gpucrd checks the image's records and sizes, answers, and
+ * loads the data while CRIU restores the CPU side (the next call waits). */
+static int prepare_restore(int pid, int background, Gpucr__Msg **ret)
 {
 	Gpucr__Msg m = GPUCR__MSG__INIT;
 	Gpucr__RestoreRequest rq = GPUCR__RESTORE_REQUEST__INIT;
@@ -369,6 +372,8 @@ static int prepare_restore(int pid, Gpucr__Msg **ret)
 		return -ENOTCONN;
 	}
 	rq.pid = (uint32_t)pid;
+	rq.has_background = background;
+	rq.background = background;
 	m.body_case = GPUCR__MSG__BODY_RESTORE;
 	m.restore = &rq;
 	return call_simple(&m, image_dir(), "restoring its GPU memory", pid, ret);
@@ -380,6 +385,8 @@ static int prepare_restore(int pid, Gpucr__Msg **ret)
  * its memory (CRIU ignores failures of the late hook). */
 static int prepare_all(void)
 {
+	const char *env = getenv("GPUCR_RESTORE_EARLY");
+	int early = !(env && !strcmp(env, "0"));
 	uint32_t *pids = NULL;
 	size_t n = 0, i;
 	int r = 0;
@@ -391,8 +398,11 @@ static int prepare_all(void)
 			continue; /* complete and partial both there */
 		Gpucr__Msg *rep = NULL;
 
-		r = prepare_restore((int)pids[i], &rep);
-		if (r == 0 && rep->restore_reply)
+		r = prepare_restore((int)pids[i], early, &rep);
+		if (r == 0 && rep->restore_reply && rep->restore_reply->loading)
+			pl_info("pid %u: image checked; loading its %llu MiB of GPU memory while CRIU restores the rest",
+				pids[i], (unsigned long long)(rep->restore_reply->bytes >> 20));
+		else if (r == 0 && rep->restore_reply)
 			pl_info("pid %u: GPU memory ready (%llu MiB, %s) in %.1f ms", pids[i],
 				(unsigned long long)(rep->restore_reply->bytes >> 20),
 				rep->restore_reply->from_retained ? "kept on the GPU, nothing copied" :
@@ -416,11 +426,21 @@ static int gpucr_resume_devices_late(int pid)
 	if (has_gpucr_image(pid)) {
 		Gpucr__Msg *rep = NULL;
 
-		/* Made ready at init; this binds it to the recreated process. */
-		r = prepare_restore(pid, &rep);
+		/* Made ready (or being loaded) since init; this waits for the
+		 * load and binds the memory to the recreated process. CRIU goes
+		 * on after a failure of this hook, so a process whose memory
+		 * cannot be loaded is killed here: it never runs without it, and
+		 * CRIU, finding it gone, fails the restore. */
+		r = prepare_restore(pid, 0, &rep);
+		if (r == 0 && rep->restore_reply && !rep->restore_reply->from_retained)
+			pl_info("pid %d: GPU memory loaded from the image and checked", pid);
 		msg_free(rep);
-		if (r < 0)
+		if (r < 0) {
+			pl_err("pid %d: its GPU memory could not be restored; killing it so that it does not run "
+			       "without it (the restore fails)", pid);
+			kill(pid, SIGKILL);
 			return r;
+		}
 		t = track(pid);
 		if (!t)
 			return -ENOMEM;

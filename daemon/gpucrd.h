@@ -74,6 +74,7 @@ struct daemon {
 	char socket_path[108];
 	int owns_socket_path;       /* unlink it at exit (not under socket activation) */
 	uint64_t retain_max;        /* bytes of dumped processes' memory kept at most */
+	struct early_load *early;   /* images loading in the background (restore.c) */
 };
 
 /* server.c */

@@ -13,15 +13,30 @@
 
 #include "err.h"
 #include "gpucrd.h"
+#include "image.h"
 #include "log.h"
 
 #define REMAP_BATCH 64
+
+/* An image loading in the background (RestoreRequest.background): the
+ * request that started it has its reply; the next request for the pid
+ * waits here for the outcome, or finds it here if the load ended first. */
+struct early_load {
+	pid_t pid;
+	int done, err;
+	char msg[1024];
+	struct conn *wc;            /* the waiting request, held */
+	uint64_t wid;
+	struct early_load *next;
+};
 
 struct restore_op {
 	struct daemon *d;
 	pid_t pid;
 	uid_t uid;
-	struct conn *c;
+	uid_t cuid;                 /* the requester's */
+	struct conn *c;             /* NULL for a background load */
+	struct early_load *e;       /* set for a background load */
 	uint64_t id;
 	int dirfd;
 	int err;
@@ -59,35 +74,94 @@ static void load_work(void *data)
 	op->control_tid = op->st.control_tid;
 }
 
+static struct early_load *early_find(struct daemon *d, pid_t pid)
+{
+	struct early_load *e;
+
+	for (e = d->early; e; e = e->next)
+		if (e->pid == pid)
+			return e;
+	return NULL;
+}
+
+static void early_remove(struct daemon *d, struct early_load *e)
+{
+	struct early_load **pp;
+
+	for (pp = &d->early; *pp; pp = &(*pp)->next)
+		if (*pp == e) {
+			*pp = e->next;
+			break;
+		}
+	if (e->wc)
+		conn_put(e->wc);
+	free(e);
+}
+
+/* The outcome of a load goes to the request that waits for it: the one
+ * that asked (a plain load), the one that came later (a background load),
+ * or, for a background load nobody waits for yet, into its record. */
+static void load_outcome(struct restore_op *op, int err, const char *msg)
+{
+	struct early_load *e = op->e;
+
+	if (!e) {
+		if (err)
+			conn_reply_err(op->c, op->id, err, "%s", msg);
+		else
+			reply_restore(op->c, op->id, 0, op->st.bytes, now_ns() - op->t_start, op->control_tid);
+		return;
+	}
+	if (e->wc) {
+		if (err)
+			conn_reply_err(e->wc, e->wid, err, "%s", msg);
+		else
+			reply_restore(e->wc, e->wid, 0, op->st.bytes, now_ns() - op->t_start, op->control_tid);
+		early_remove(op->d, e);
+		return;
+	}
+	if (!err) {
+		early_remove(op->d, e); /* the process's memory is in the registry now */
+		return;
+	}
+	e->done = 1;
+	e->err = err;
+	snprintf(e->msg, sizeof(e->msg), "%s", msg);
+}
+
 static void load_done(void *data, int status)
 {
 	struct restore_op *op = data;
 	struct proc *p;
 	struct rbuf *b;
+	char msg[1024];
+	int err = 0;
 
 	(void)status;
 	if (op->err) {
 		pr_err("pid %d: restore from the image failed: %s", (int)op->pid, op->msg);
-		conn_reply_err(op->c, op->id, op->err, "%s", op->msg);
+		err = op->err;
+		snprintf(msg, sizeof(msg), "%.1000s", op->msg);
 		goto out;
 	}
 	if (op->uid == (uid_t)-1)
 		op->uid = op->st.uid;
-	if (conn_uid(op->c) != 0 && conn_uid(op->c) != op->uid) {
-		conn_reply_err(op->c, op->id, -EPERM, "pid %d: the image belongs to uid %u", (int)op->pid,
-			       (unsigned)op->uid);
+	if (op->cuid != 0 && op->cuid != op->uid) {
+		err = -EPERM;
+		snprintf(msg, sizeof(msg), "pid %d: the image belongs to uid %u", (int)op->pid, (unsigned)op->uid);
 		goto out;
 	}
 	p = registry_find(op->d, op->pid);
 	if (p && (p->shim || p->nbufs)) {
-		conn_reply_err(op->c, op->id, -EBUSY, "pid %d: gpucrd already holds a process with this pid",
-			       (int)op->pid);
+		err = -EBUSY;
+		snprintf(msg, sizeof(msg), "pid %d: gpucrd already holds a process with this pid", (int)op->pid);
 		goto out;
 	}
 	if (!p)
 		p = registry_attach(op->d, op->pid, op->uid, op->st.comm[0] ? op->st.comm : NULL);
 	if (!p) {
-		conn_reply_err(op->c, op->id, -ENOMEM, "out of memory");
+		err = -ENOMEM;
+		snprintf(msg, sizeof(msg), "out of memory");
 		goto out;
 	}
 	while ((b = op->bufs)) {
@@ -100,18 +174,76 @@ static void load_done(void *data, int status)
 	p->state = GPUCR__PROC_STATE__PROC_RESTORING;
 	p->control_tid = (pid_t)op->control_tid;
 	p->t_restore = op->t_start;
-	pr_info("pid %d: %llu MiB loaded from the image in %.2f s (%.1f GB/s); waiting for the process to map it",
+	pr_info("pid %d: %llu MiB loaded from the image in %.2f s (%.1f GB/s)%s; waiting for the process to map it",
 		(int)op->pid, (unsigned long long)(op->st.bytes >> 20), op->st.elapsed_ns / 1e9,
-		op->st.elapsed_ns ? op->st.stored / (op->st.elapsed_ns / 1e9) / 1e9 : 0.0);
-	reply_restore(op->c, op->id, 0, op->st.bytes, now_ns() - op->t_start, op->control_tid);
+		op->st.elapsed_ns ? op->st.stored / (op->st.elapsed_ns / 1e9) / 1e9 : 0.0,
+		op->e ? " in the background" : "");
 out:
+	load_outcome(op, err, msg);
 	while ((b = op->bufs)) {
 		op->bufs = b->next;
 		rbuf_free(b);
 	}
-	conn_put(op->c);
+	if (op->c)
+		conn_put(op->c);
 	close(op->dirfd);
 	free(op);
+}
+
+/* A background load: the image's records and file sizes are checked here
+ * (so a truncated or mismatched image fails the request that starts the
+ * restore), the data is loaded and checked on a worker. */
+static int early_start(struct daemon *d, struct conn *c, uint64_t id, struct restore_op *op)
+{
+	struct gpucr_image *img = NULL;
+	struct img_errbuf eb;
+	struct early_load *e;
+	uint64_t bytes = 0;
+	uint32_t tid;
+	size_t i;
+	int r;
+
+	r = img_read(op->dirfd, (uint32_t)op->pid, &img, &eb);
+	if (r < 0) {
+		conn_reply_err(c, id, r, "%s", eb.msg);
+		return r;
+	}
+	for (i = 0; i < img->nbuffers; i++)
+		bytes += img->buffers[i]->size;
+	tid = img->hdr->has_control_tid ? img->hdr->control_tid : 0;
+	img_free(img);
+	e = calloc(1, sizeof(*e));
+	if (!e) {
+		conn_reply_err(c, id, -ENOMEM, "out of memory");
+		return -ENOMEM;
+	}
+	e->pid = op->pid;
+	e->next = d->early;
+	d->early = e;
+	op->e = e;
+	op->c = NULL;
+	if (daemon_queue_work(d, load_work, load_done, op) < 0) {
+		early_remove(d, e);
+		conn_reply_err(c, id, -ENOMEM, "cannot queue the image load");
+		return -ENOMEM;
+	}
+	pr_info("pid %d: loading %llu MiB from the image in the background", (int)op->pid,
+		(unsigned long long)(bytes >> 20));
+	{
+		Gpucr__RestoreReply rr = GPUCR__RESTORE_REPLY__INIT;
+		Gpucr__Msg m = GPUCR__MSG__INIT;
+
+		rr.has_bytes = 1;
+		rr.bytes = bytes;
+		rr.has_loading = 1;
+		rr.loading = 1;
+		rr.has_control_tid = tid != 0;
+		rr.control_tid = tid;
+		m.body_case = GPUCR__MSG__BODY_RESTORE_REPLY;
+		m.restore_reply = &rr;
+		conn_reply(c, id, &m, NULL, 0);
+	}
+	return 0;
 }
 
 int restore_start(struct daemon *d, struct conn *c, const Gpucr__Msg *req, int dirfd)
@@ -121,6 +253,7 @@ int restore_start(struct daemon *d, struct conn *c, const Gpucr__Msg *req, int d
 	struct proc *p = registry_find(d, (pid_t)rq->pid);
 	int allow_retained = rq->has_allow_retained ? rq->allow_retained : 1;
 	struct restore_op *op;
+	struct early_load *e;
 	char path[64];
 	struct stat st;
 
@@ -128,6 +261,27 @@ int restore_start(struct daemon *d, struct conn *c, const Gpucr__Msg *req, int d
 	 * does not exist yet: the memory is made ready, so a bad image fails
 	 * the restore before any process is created), and once CRIU has
 	 * recreated it (its owner must be the one the memory belongs to). */
+	e = early_find(d, (pid_t)rq->pid);
+	if (e && e->done) {
+		/* A background load that failed before anyone asked. */
+		conn_reply_err(c, id, e->err, "%s", e->msg);
+		early_remove(d, e);
+		close(dirfd);
+		return -EIO;
+	}
+	if (e) {
+		/* Still loading: this request gets the outcome. */
+		if (e->wc) {
+			conn_reply_err(c, id, -EBUSY, "pid %u: its image is already being waited for", rq->pid);
+			close(dirfd);
+			return -EBUSY;
+		}
+		e->wc = c;
+		e->wid = id;
+		conn_hold(c);
+		close(dirfd);
+		return 0;
+	}
 	snprintf(path, sizeof(path), "/proc/%u", rq->pid);
 	if (stat(path, &st) < 0) {
 		st.st_uid = p ? p->uid : (uid_t)-1; /* -1: learnt from the image */
@@ -173,10 +327,20 @@ int restore_start(struct daemon *d, struct conn *c, const Gpucr__Msg *req, int d
 	op->d = d;
 	op->pid = (pid_t)rq->pid;
 	op->uid = st.st_uid;
+	op->cuid = conn_uid(c);
 	op->c = c;
 	op->id = id;
 	op->dirfd = dirfd;
 	op->t_start = now_ns();
+	if (rq->has_background && rq->background) {
+		int r = early_start(d, c, id, op);
+
+		if (r < 0) {
+			close(dirfd);
+			free(op);
+		}
+		return r;
+	}
 	conn_hold(c);
 	if (daemon_queue_work(d, load_work, load_done, op) < 0) {
 		conn_put(c);

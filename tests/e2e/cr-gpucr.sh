@@ -4,7 +4,9 @@
 # application under gpucr's shim is dumped, killed and restored, and its
 # output must equal an uninterrupted run's. Cases: restore from memory kept
 # by gpucrd; --leave-running; gpucrd restarted between dump and restore
-# (restore from the image); a damaged image refused; gpucrd absent (the dump
+# (restore from the image, loaded while CRIU restores the CPU side); a
+# damaged image refused (found while loading in the background, or before
+# the restore starts with GPUCR_RESTORE_EARLY=0); gpucrd absent (the dump
 # fails with a message and the application keeps running); a process tree
 # with non-CUDA children.
 set -u
@@ -112,6 +114,14 @@ flow daemon-restart "" restart_daemon
 check_same daemon-restart
 grep -q "loaded from the image" "$W/gpucrd.log" && ok "daemon-restart: restored from the image" ||
 	bad "daemon-restart: the image was not loaded"
+# The load overlapped CRIU's own restore: started at init, waited for in the late hook.
+if grep -q "loading its .* MiB of GPU memory while CRIU restores the rest" "$W/daemon-restart/restore.log" &&
+	grep -q "GPU memory loaded from the image and checked" "$W/daemon-restart/restore.log"; then
+	ok "daemon-restart: the image was loaded while CRIU restored the CPU side"
+else
+	bad "daemon-restart: the image was not loaded in the background"
+	grep gpucr "$W/daemon-restart/restore.log" | sed 's/^/    /'
+fi
 
 # 4. a damaged image is refused, with the reason in CRIU's log.
 flow damaged "" damage_image
@@ -120,6 +130,25 @@ if grep -q "restore failed" "$W/damaged.flow.log" && grep -q "fingerprint mismat
 else
 	bad "damaged: restore was not refused as it should be"
 	tail -5 "$W/damaged.flow.log" "$W/damaged/restore.log" | sed 's/^/    /'
+fi
+# The damage is found while loading in the background: the restored process
+# is killed before it runs, and CRIU fails the restore.
+dpid=$(cat "$W/damaged.dumped" 2>/dev/null)
+if grep -q "killing it so that it does not run without it" "$W/damaged/restore.log" && grep -q "Restoring FAILED" "$W/damaged/restore.log" &&
+	! kill -0 "$dpid" 2>/dev/null; then
+	ok "damaged: the process was not left running without its memory"
+else
+	bad "damaged: no kill and failed restore after the background load failed"
+fi
+# 4b. the same with the load done before CRIU starts (GPUCR_RESTORE_EARLY=0):
+# refused before any process is created.
+GPUCR_RESTORE_EARLY=0 flow damaged-sync "" damage_image
+if grep -q "restore failed" "$W/damaged-sync.flow.log" && grep -q "fingerprint mismatch" "$W/damaged-sync/restore.log" &&
+	! grep -q "killing it" "$W/damaged-sync/restore.log"; then
+	ok "damaged-sync: refused when the restore started"
+else
+	bad "damaged-sync: restore was not refused at its start"
+	tail -5 "$W/damaged-sync.flow.log" "$W/damaged-sync/restore.log" | sed 's/^/    /'
 fi
 
 # 5. gpucrd absent: the dump fails and says why; the application goes on.

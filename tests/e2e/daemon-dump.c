@@ -368,15 +368,41 @@ static Gpucr__Msg *dump_wait(int fd)
 	return call(fd, &m, -1);
 }
 
-static Gpucr__Msg *restore(int fd, int dirfd)
+static Gpucr__Msg *restore_req(int fd, int dirfd, int background)
 {
 	Gpucr__Msg m = GPUCR__MSG__INIT;
 	Gpucr__RestoreRequest r = GPUCR__RESTORE_REQUEST__INIT;
 
 	r.pid = (uint32_t)app_pid;
+	r.has_background = background;
+	r.background = background;
 	m.body_case = GPUCR__MSG__BODY_RESTORE;
 	m.restore = &r;
 	return call(fd, &m, dirfd);
+}
+
+static Gpucr__Msg *restore(int fd, int dirfd)
+{
+	return restore_req(fd, dirfd, 0);
+}
+
+/* A background load of a damaged image: started fine, and the next request
+ * gets the failure, whether it comes while the load runs or after. */
+static void restore_bg_damaged(int c, int dirfd, useconds_t gap)
+{
+	Gpucr__Msg *r = restore_req(c, dirfd, 1);
+
+	REQUIRE(r);
+	CHECK_EQ_INT(r->err, 0);
+	REQUIRE(r->body_case == GPUCR__MSG__BODY_RESTORE_REPLY);
+	CHECK(r->restore_reply->loading);
+	CHECK(r->restore_reply->bytes > 0);
+	msg_free(r);
+	usleep(gap);
+	r = restore(c, dirfd);
+	CHECK_EQ_INT(r->err, -EBADMSG);
+	CHECK_CONTAINS(r->err_msg, "fingerprint mismatch in chunk 0");
+	msg_free(r);
 }
 
 /* Processes gpucrd knows. */
@@ -654,10 +680,19 @@ int main(void)
 	CHECK_EQ_INT(r->err, -EBADMSG);
 	CHECK_CONTAINS(r->err_msg, "fingerprint mismatch in chunk 0");
 	msg_free(r);
-	/* 8. a truncated data file is refused before anything is loaded. */
+	/* 7b. the same loaded in the background (the CRIU plugin's way): the
+	 * next request gets the failure, asked right away or after the load. */
+	restore_bg_damaged(c, dirfd, 0);
+	restore_bg_damaged(c, dirfd, 300000);
+	/* 8. a truncated data file is refused before anything is loaded, in
+	 * the background too. */
 	snprintf(p, sizeof(p), "%s/%s", dir, name);
 	REQUIRE(truncate(p, 8192) == 0);
 	r = restore(c, dirfd);
+	CHECK_EQ_INT(r->err, -EBADMSG);
+	CHECK_CONTAINS(r->err_msg, "truncated");
+	msg_free(r);
+	r = restore_req(c, dirfd, 1);
 	CHECK_EQ_INT(r->err, -EBADMSG);
 	CHECK_CONTAINS(r->err_msg, "truncated");
 	msg_free(r);

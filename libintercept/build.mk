@@ -13,7 +13,7 @@
 # loads the driver on first use), and skips (77) when the fake is not built.
 # unit-shim-alloc, -procaddr, -forward and -self link the shim as installed;
 # unit-shim-control and -control-drop too, with common/ for the fake gpucrd
-# they run (tests/unit/fakegpucrd.h); unit-shim-remap, -buftab, -gate, -launch, -dag, -copy and -graph link
+# they run (tests/unit/fakegpucrd.h); unit-shim-remap, -buftab, -gate, -launch, -dag, -copy, -graph and -chunkgate link
 # its objects (libintercept.a) to reach the internal API (alloc.h, buftab.h,
 # gate.h).
 
@@ -73,7 +73,7 @@ ALL += $(SHIM_LIB)
 # ---- tests ----------------------------------------------------------------
 SHIM_TESTS_SO := forward procaddr alloc self
 SHIM_TESTS_SOC := control control-drop
-SHIM_TESTS_AR := remap buftab gate launch dag copy graph
+SHIM_TESTS_AR := remap buftab gate launch dag copy graph chunkgate
 SHIM_TEST_BIN := $(SHIM_TESTS_SO:%=$(BUILD)/tests/unit-shim-%) $(SHIM_TESTS_AR:%=$(BUILD)/tests/unit-shim-%) \
 	$(SHIM_TESTS_SOC:%=$(BUILD)/tests/unit-shim-%)
 

@@ -50,6 +50,7 @@
 
 #include "alloc.h"
 #include "buftab.h"
+#include "chunkgate.h"
 #include "control.h"
 #include "frame.h"
 #include "gate.h"
@@ -961,6 +962,7 @@ static void control_atfork_child(void)
 	/* Only the forking thread lives on: no control thread, no drain, and
 	 * the parent's connection is not ours to use. */
 	gate_reset_after_fork();
+	chunk_gate_reset_after_fork();
 	if (ctl.sock >= 0)
 		close(ctl.sock);
 	if (ctl.kickfd >= 0)

@@ -4,11 +4,12 @@
  *
  * Each passes the gate (gate_pass: a copy changes no memory of gpucr's) and
  * forwards; while decoding is off (no epoch, launch.h) that is all it costs:
- * the gate's load and branch, the cached driver pointer, and one more load
- * and branch after the call. While an epoch is open, a successful call becomes a DAG node
- * (dag_record_ranges) whose read edges cover the source and whose write
- * edges cover the destination (access.h decodes them; pitched operands are
- * exact at chunk granularity). Synchronous calls are on the NULL (legacy)
+ * the gate's load and branch, one more load and branch, and the cached
+ * driver pointer. While decoding is on, the call's access set is decoded
+ * first (access.h; pitched operands are exact at chunk granularity): the
+ * per-chunk gate (chunkgate.h) may make the call wait for its chunks, and
+ * a successful call becomes a DAG node (dag_record_ranges) whose read edges
+ * cover the source and whose write edges cover the destination. Synchronous calls are on the NULL (legacy)
  * stream, _ptds ones on CU_STREAM_PER_THREAD; an async _ptsz call on NULL is
  * on CU_STREAM_PER_THREAD, as launches are.
  *
@@ -21,112 +22,116 @@
 #include <stdlib.h>
 
 #include "access.h"
+#include "chunkgate.h"
 #include "dag.h"
 #include "gate.h"
 #include "launch.h"
 #include "real.h"
 
-/* ---- recording (out of line: only while an epoch is open) ----------------- */
+/* ---- access sets ------------------------------------------------------------
+ * Each acc_* fills a set with what a call reads and writes and returns the
+ * kind of node it makes. */
 
-static void record(enum dag_node_kind kind, CUstream s, struct access_set *a)
+/* A 1D copy (dst or src 0 for a host side). */
+static enum dag_node_kind acc_1d(struct access_set *a, CUdeviceptr dst, CUdeviceptr src, size_t n)
 {
-	dag_record_ranges(kind, s, NULL, a->unbounded ? DAG_NODE_F_UNBOUNDED : 0, a->r, a->n);
+	access_add(a, src, n, DAG_ACCESS_READ, 0);
+	access_add(a, dst, n, DAG_ACCESS_WRITE, 0);
+	return DAG_NODE_COPY;
+}
+
+static enum dag_node_kind acc_2d(struct access_set *a, const CUDA_MEMCPY2D *c)
+{
+	access_copy2d(a, c);
+	return DAG_NODE_COPY;
+}
+
+static enum dag_node_kind acc_3d(struct access_set *a, const CUDA_MEMCPY3D *c)
+{
+	access_copy3d(a, c);
+	return DAG_NODE_COPY;
+}
+
+static enum dag_node_kind acc_3d_peer(struct access_set *a, const CUDA_MEMCPY3D_PEER *c)
+{
+	access_copy3d_peer(a, c);
+	return DAG_NODE_COPY;
+}
+
+static enum dag_node_kind acc_memset(struct access_set *a, CUdeviceptr dst, size_t pitch, size_t esize,
+				     size_t width, size_t height)
+{
+	access_memset(a, dst, pitch, esize, width, height);
+	return DAG_NODE_MEMSET;
+}
+
+static enum dag_node_kind acc_batch(struct access_set *a, const CUdeviceptr *dsts, const CUdeviceptr *srcs,
+				    const size_t *sizes, size_t count)
+{
+	for (size_t i = 0; i < count && dsts && srcs && sizes; i++)
+		acc_1d(a, dsts[i], srcs[i], sizes[i]);
+	return DAG_NODE_COPY;
+}
+
+static enum dag_node_kind acc_unbounded(struct access_set *a)
+{
+	a->unbounded = true;
+	return DAG_NODE_COPY;
+}
+
+/* Before the call: the per-chunk gate (chunkgate.h). */
+static void before(const struct access_set *a)
+{
+	if (chunk_gate_on())
+		chunk_gate_ranges(a->r, a->n, a->unbounded);
+}
+
+/* After a successful call: the DAG. Frees a either way. */
+static void after(CUresult r, enum dag_node_kind kind, CUstream s, struct access_set *a)
+{
+	if (r == CUDA_SUCCESS)
+		dag_record_ranges(kind, s, NULL, a->unbounded ? DAG_NODE_F_UNBOUNDED : 0, a->r, a->n);
 	access_free(a);
 }
 
-/* A 1D copy (dst or src 0 for a host side) or memset (src 0). */
-static __attribute__((noinline)) void rec_1d(enum dag_node_kind kind, CUstream s, CUdeviceptr dst,
-					     CUdeviceptr src, size_t n)
-{
-	struct access_set a;
-
-	access_init(&a);
-	access_add(&a, src, n, DAG_ACCESS_READ, 0);
-	access_add(&a, dst, n, DAG_ACCESS_WRITE, 0);
-	record(kind, s, &a);
-}
-
-static __attribute__((noinline)) void rec_2d(CUstream s, const CUDA_MEMCPY2D *c)
-{
-	struct access_set a;
-
-	access_init(&a);
-	access_copy2d(&a, c);
-	record(DAG_NODE_COPY, s, &a);
-}
-
-static __attribute__((noinline)) void rec_3d(CUstream s, const CUDA_MEMCPY3D *c)
-{
-	struct access_set a;
-
-	access_init(&a);
-	access_copy3d(&a, c);
-	record(DAG_NODE_COPY, s, &a);
-}
-
-static __attribute__((noinline)) void rec_3d_peer(CUstream s, const CUDA_MEMCPY3D_PEER *c)
-{
-	struct access_set a;
-
-	access_init(&a);
-	access_copy3d_peer(&a, c);
-	record(DAG_NODE_COPY, s, &a);
-}
-
-static __attribute__((noinline)) void rec_memset(CUstream s, CUdeviceptr dst, size_t pitch, size_t esize,
-						 size_t width, size_t height)
-{
-	struct access_set a;
-
-	access_init(&a);
-	access_memset(&a, dst, pitch, esize, width, height);
-	record(DAG_NODE_MEMSET, s, &a);
-}
-
-static __attribute__((noinline)) void rec_batch(CUstream s, const CUdeviceptr *dsts, const CUdeviceptr *srcs,
-						const size_t *sizes, size_t count)
-{
-	struct access_set a;
-
-	access_init(&a);
-	for (size_t i = 0; i < count && dsts && srcs && sizes; i++) {
-		access_add(&a, srcs[i], sizes[i], DAG_ACCESS_READ, 0);
-		access_add(&a, dsts[i], sizes[i], DAG_ACCESS_WRITE, 0);
-	}
-	record(DAG_NODE_COPY, s, &a);
-}
-
-static __attribute__((noinline)) void rec_unbounded(CUstream s)
-{
-	dag_record_ranges(DAG_NODE_COPY, s, NULL, DAG_NODE_F_UNBOUNDED, NULL, 0);
-}
-
 /* ---- the wrappers -------------------------------------------------------------
- * COPY_WRAP defines one; rec is the statement that records a successful
- * call, in terms of the parameters. SYNC2 defines a synchronous name and
- * its _ptds twin, ASYNC2 an asynchronous one (stream parameter hStream)
- * and its _ptsz twin; their rec is a macro of the stream. */
+ * COPY_WRAP defines one, and its slow path (out of line: only while
+ * decoding is on); acc is an expression of the set `a_` that fills it, in
+ * terms of the parameters, and returns the node kind; s the stream. SYNC2
+ * defines a synchronous name and its _ptds twin, ASYNC2 an asynchronous one
+ * (stream parameter hStream) and its _ptsz twin. */
 
-#define COPY_WRAP(name, fntype, proto, args, rec)                        \
-	SHIM_EXPORT CUresult name proto                                  \
-	{                                                                \
-		SHIM_KEEP_ERRNO;                                         \
-		CUresult r_;                                             \
-                                                                         \
-		gate_pass();                                             \
-		r_ = REAL_WRAPPED_CALL(name, fntype, args);              \
-		if (launch_decoding_on() && r_ == CUDA_SUCCESS)          \
-			rec;                                             \
-		return r_;                                               \
+#define COPY_WRAP(name, fntype, proto, args, acc, s)                      \
+	static __attribute__((noinline)) CUresult name##_slow proto       \
+	{                                                                 \
+		struct access_set a_;                                     \
+		enum dag_node_kind kind_;                                 \
+		CUresult r_;                                              \
+                                                                          \
+		access_init(&a_);                                         \
+		kind_ = acc;                                              \
+		before(&a_);                                              \
+		r_ = REAL_WRAPPED_CALL(name, fntype, args);               \
+		after(r_, kind_, s, &a_);                                 \
+		return r_;                                                \
+	}                                                                 \
+	SHIM_EXPORT CUresult name proto                                   \
+	{                                                                 \
+		SHIM_KEEP_ERRNO;                                          \
+                                                                          \
+		gate_pass();                                              \
+		if (launch_decoding_on())                                 \
+			return name##_slow args;                          \
+		return REAL_WRAPPED_CALL(name, fntype, args);             \
 	}
 
-#define SYNC2(name, fntype, proto, args, rec)                     \
-	COPY_WRAP(name, fntype, proto, args, rec(NULL))           \
-	COPY_WRAP(name##_ptds, fntype, proto, args, rec(CU_STREAM_PER_THREAD))
+#define SYNC2(name, fntype, proto, args, acc)                      \
+	COPY_WRAP(name, fntype, proto, args, acc, NULL)            \
+	COPY_WRAP(name##_ptds, fntype, proto, args, acc, CU_STREAM_PER_THREAD)
 
-#define ASYNC2(name, fntype, proto, args, rec)                    \
-	COPY_WRAP(name, fntype, proto, args, rec(hStream))        \
-	COPY_WRAP(name##_ptsz, fntype, proto, args, rec(launch_ptsz_stream(hStream)))
+#define ASYNC2(name, fntype, proto, args, acc)                     \
+	COPY_WRAP(name, fntype, proto, args, acc, hStream)         \
+	COPY_WRAP(name##_ptsz, fntype, proto, args, acc, launch_ptsz_stream(hStream))
 
 /* 1D copies */
 typedef CUresult (*dd_fn)(CUdeviceptr, CUdeviceptr, size_t);
@@ -140,9 +145,9 @@ typedef CUresult (*peer_async_fn)(CUdeviceptr, CUcontext, CUdeviceptr, CUcontext
 typedef CUresult (*dtoa_fn)(CUarray, size_t, CUdeviceptr, size_t);
 typedef CUresult (*atod_fn)(CUdeviceptr, CUarray, size_t, size_t);
 
-#define R_DD(s) rec_1d(DAG_NODE_COPY, s, dst, src, n)
-#define R_HD(s) rec_1d(DAG_NODE_COPY, s, dst, 0, n)
-#define R_DH(s) rec_1d(DAG_NODE_COPY, s, 0, src, n)
+#define R_DD acc_1d(&a_, dst, src, n)
+#define R_HD acc_1d(&a_, dst, 0, n)
+#define R_DH acc_1d(&a_, 0, src, n)
 
 SYNC2(cuMemcpy, dd_fn, (CUdeviceptr dst, CUdeviceptr src, size_t n), (dst, src, n), R_DD)
 SYNC2(cuMemcpyDtoD_v2, dd_fn, (CUdeviceptr dst, CUdeviceptr src, size_t n), (dst, src, n), R_DD)
@@ -173,9 +178,9 @@ typedef CUresult (*c3d_async_fn)(const CUDA_MEMCPY3D *, CUstream);
 typedef CUresult (*c3dp_fn)(const CUDA_MEMCPY3D_PEER *);
 typedef CUresult (*c3dp_async_fn)(const CUDA_MEMCPY3D_PEER *, CUstream);
 
-#define R_2D(s) rec_2d(s, c)
-#define R_3D(s) rec_3d(s, c)
-#define R_3DP(s) rec_3d_peer(s, c)
+#define R_2D acc_2d(&a_, c)
+#define R_3D acc_3d(&a_, c)
+#define R_3DP acc_3d_peer(&a_, c)
 
 SYNC2(cuMemcpy2D_v2, c2d_fn, (const CUDA_MEMCPY2D *c), (c), R_2D)
 SYNC2(cuMemcpy2DUnaligned_v2, c2d_fn, (const CUDA_MEMCPY2D *c), (c), R_2D)
@@ -194,8 +199,8 @@ typedef CUresult (*batch_fn)(CUdeviceptr *, CUdeviceptr *, size_t *, size_t, CUm
 typedef CUresult (*batch3d_v1_fn)(size_t, CUDA_MEMCPY3D_BATCH_OP *, size_t *, unsigned long long, CUstream);
 typedef CUresult (*batch3d_fn)(size_t, CUDA_MEMCPY3D_BATCH_OP *, unsigned long long, CUstream);
 
-#define R_BATCH(s) rec_batch(s, dsts, srcs, sizes, count)
-#define R_UNBOUNDED(s) rec_unbounded(s)
+#define R_BATCH acc_batch(&a_, dsts, srcs, sizes, count)
+#define R_UNBOUNDED acc_unbounded(&a_)
 
 ASYNC2(cuMemcpyBatchAsync, batch_v1_fn,
        (CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes, size_t count, CUmemcpyAttributes *attrs,
@@ -227,12 +232,12 @@ typedef CUresult (*set2d8_async_fn)(CUdeviceptr, size_t, unsigned char, size_t, 
 typedef CUresult (*set2d16_async_fn)(CUdeviceptr, size_t, unsigned short, size_t, size_t, CUstream);
 typedef CUresult (*set2d32_async_fn)(CUdeviceptr, size_t, unsigned int, size_t, size_t, CUstream);
 
-#define R_SET8(s) rec_memset(s, dst, 0, 1, n, 1)
-#define R_SET16(s) rec_memset(s, dst, 0, 2, n, 1)
-#define R_SET32(s) rec_memset(s, dst, 0, 4, n, 1)
-#define R_SET2D8(s) rec_memset(s, dst, pitch, 1, w, h)
-#define R_SET2D16(s) rec_memset(s, dst, pitch, 2, w, h)
-#define R_SET2D32(s) rec_memset(s, dst, pitch, 4, w, h)
+#define R_SET8 acc_memset(&a_, dst, 0, 1, n, 1)
+#define R_SET16 acc_memset(&a_, dst, 0, 2, n, 1)
+#define R_SET32 acc_memset(&a_, dst, 0, 4, n, 1)
+#define R_SET2D8 acc_memset(&a_, dst, pitch, 1, w, h)
+#define R_SET2D16 acc_memset(&a_, dst, pitch, 2, w, h)
+#define R_SET2D32 acc_memset(&a_, dst, pitch, 4, w, h)
 
 SYNC2(cuMemsetD8_v2, set8_fn, (CUdeviceptr dst, unsigned char v, size_t n), (dst, v, n), R_SET8)
 SYNC2(cuMemsetD16_v2, set16_fn, (CUdeviceptr dst, unsigned short v, size_t n), (dst, v, n), R_SET16)

@@ -289,32 +289,53 @@ static void node_commit(struct dag_node *n)
 		dag_unbounded = true;
 }
 
-/* Adds n's edges for range r: false when an arena is full. */
-static bool range_edges(struct dag_node *n, const struct dag_range *r)
+int dag_range_for_each_buf(const struct dag_range *r,
+			   int (*fn)(const struct buf *b, size_t lo, size_t hi, void *arg), void *arg)
 {
 	CUdeviceptr a = r->addr, end = r->addr + (r->len ? r->len : 1);
-	size_t chunk = dag_cfg.chunk_size;
 	struct buf b;
+	int ret;
 
 	if (!r->len && !(r->flags & DAG_RANGE_WHOLE))
-		return true;
+		return 0;
 	if (end < a)
 		end = ~(CUdeviceptr)0; /* wraps: as far as buffers go */
 	while (a < end && buftab_lookup(a, &b) == 0) {
 		CUdeviceptr bend = b.base + b.size;
-		size_t lo = a - b.base, hi = (end < bend ? end : bend) - b.base;
-		long idx = buf_get(b.id, b.base, b.size);
 
-		if (r->flags & DAG_RANGE_WHOLE) {
-			lo = 0;
-			hi = b.size;
-		}
-		if (idx < 0 || !edge_add(n, idx, (uint32_t)(lo / chunk), (uint32_t)((hi + chunk - 1) / chunk),
-					 r->access))
-			return false;
+		if (r->flags & DAG_RANGE_WHOLE)
+			ret = fn(&b, 0, b.size, arg);
+		else
+			ret = fn(&b, a - b.base, (end < bend ? end : bend) - b.base, arg);
+		if (ret)
+			return ret;
 		a = bend;
 	}
-	return true;
+	return 0;
+}
+
+struct edge_arg {
+	struct dag_node *n;
+	uint32_t access;
+};
+
+static int range_edge(const struct buf *b, size_t lo, size_t hi, void *arg)
+{
+	const struct edge_arg *e = arg;
+	size_t chunk = dag_cfg.chunk_size;
+	long idx = buf_get(b->id, b->base, b->size);
+
+	if (idx < 0 || !edge_add(e->n, idx, (uint32_t)(lo / chunk), (uint32_t)((hi + chunk - 1) / chunk), e->access))
+		return -1;
+	return 0;
+}
+
+/* Adds n's edges for range r: false when an arena is full. */
+static bool range_edges(struct dag_node *n, const struct dag_range *r)
+{
+	struct edge_arg e = { n, r->access };
+
+	return dag_range_for_each_buf(r, range_edge, &e) == 0;
 }
 
 /* Records one node if an epoch is open: add_edges gives it its edges,

@@ -43,6 +43,7 @@
 #ifndef GPUCR_DAG_H
 #define GPUCR_DAG_H
 
+#include "buftab.h"
 #include "launch.h"
 #include "shim.h"
 
@@ -144,6 +145,15 @@ void dag_record_launch(const struct launch_decoded *d) SHIM_HIDDEN;
  * call. */
 void dag_record_ranges(enum dag_node_kind kind, CUstream s, CUgraphExec exec, unsigned int flags,
 		       const struct dag_range *r, size_t n) SHIM_HIDDEN;
+
+/* Calls fn for each buffer (buftab.h) that range r meets, in address
+ * order, with the bytes [lo, hi) of it that r covers (all of it with
+ * DAG_RANGE_WHOLE); parts of r in no buffer give no call. Looks each
+ * buffer up (buftab_lookup); no lock of the buffer table is held while fn
+ * runs. Stops at and returns the first nonzero value of fn; 0 otherwise.
+ * Needs no epoch (the per-chunk gate walks ranges the same way). */
+int dag_range_for_each_buf(const struct dag_range *r,
+			   int (*fn)(const struct buf *b, size_t lo, size_t hi, void *arg), void *arg) SHIM_HIDDEN;
 
 /* The chunk size of the current (or next) epoch. */
 size_t dag_chunk_size(void) SHIM_HIDDEN;

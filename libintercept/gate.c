@@ -32,6 +32,11 @@ void gate_exempt_self(void)
 	gate_exempt = true;
 }
 
+bool gate_self_exempt(void)
+{
+	return gate_exempt;
+}
+
 void gate_wait(void)
 {
 	int saved = errno;

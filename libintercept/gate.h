@@ -91,6 +91,8 @@ unsigned int gate_waiters(void) SHIM_HIDDEN;
 
 /* Marks the calling thread as gpucr's own: the gate never blocks it. */
 void gate_exempt_self(void) SHIM_HIDDEN;
+/* Whether the calling thread is (the per-chunk gate lets it pass too). */
+bool gate_self_exempt(void) SHIM_HIDDEN;
 
 /* In a forked child: open, nothing in flight, nobody waiting. */
 void gate_reset_after_fork(void) SHIM_HIDDEN;

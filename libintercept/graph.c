@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "access.h"
+#include "chunkgate.h"
 #include "gate.h"
 #include "graph.h"
 #include "launch.h"
@@ -404,6 +405,37 @@ static __attribute__((noinline)) void record_launch(CUgraphExec exec, CUstream s
 	pthread_mutex_unlock(&graph_lock);
 }
 
+/* The per-chunk gate for a launch of exec (chunkgate.h): its ranges are
+ * copied out, so that the wait holds no lock of the table. An exec not in
+ * the table, or whose ranges cannot be copied, is unbounded. */
+static void gate_launch(CUgraphExec exec)
+{
+	struct dag_range *r = NULL;
+	bool unbounded = true;
+	size_t n = 0;
+	long at;
+
+	pthread_mutex_lock(&graph_lock);
+	at = tab_find(exec);
+	if (at >= 0) {
+		const struct graph_exec *e = tab[at];
+
+		unbounded = exec_unbounded(e);
+		if (!unbounded && e->nr) {
+			r = malloc(e->nr * sizeof(*r));
+			if (r) {
+				memcpy(r, e->r, e->nr * sizeof(*r));
+				n = e->nr;
+			} else {
+				unbounded = true;
+			}
+		}
+	}
+	pthread_mutex_unlock(&graph_lock);
+	chunk_gate_ranges(r, n, unbounded);
+	free(r);
+}
+
 /* Node node of exec has new parameters, whose ranges are in s (ok: it
  * could be decoded). A node that is not a top-level node of the graph
  * makes the exec unbounded. Frees s. */
@@ -541,10 +573,32 @@ GRAPH_WRAP(cuGraphInstantiateWithParams, inst_params_fn,
 GRAPH_WRAP(cuGraphInstantiateWithParams_ptsz, inst_params_fn,
 	   (CUgraphExec *ph, CUgraph g, CUDA_GRAPH_INSTANTIATE_PARAMS *p), (ph, g, p), NOTHING, TRACK())
 
-GRAPH_WRAP(cuGraphLaunch, launch_fn, (CUgraphExec exec, CUstream s), (exec, s), NOTHING,
-	   if (launch_decoding_on()) record_launch(exec, s))
-GRAPH_WRAP(cuGraphLaunch_ptsz, launch_fn, (CUgraphExec exec, CUstream s), (exec, s), NOTHING,
-	   if (launch_decoding_on()) record_launch(exec, launch_ptsz_stream(s)))
+/* A graph launch tests the decoding flag before the driver sees it, once:
+ * while it is on, the slow path passes the per-chunk gate and records. */
+#define GRAPH_LAUNCH_WRAP(name, stream)                                         \
+	static __attribute__((noinline)) CUresult name##_slow(CUgraphExec exec, CUstream s) \
+	{                                                                       \
+		CUresult r_;                                                    \
+                                                                                \
+		if (chunk_gate_on())                                            \
+			gate_launch(exec);                                      \
+		r_ = REAL_WRAPPED_CALL(name, launch_fn, (exec, s));             \
+		if (r_ == CUDA_SUCCESS)                                         \
+			record_launch(exec, stream);                            \
+		return r_;                                                      \
+	}                                                                       \
+	SHIM_EXPORT CUresult name(CUgraphExec exec, CUstream s)                 \
+	{                                                                       \
+		SHIM_KEEP_ERRNO;                                                \
+                                                                                \
+		gate_pass();                                                    \
+		if (launch_decoding_on())                                       \
+			return name##_slow(exec, s);                            \
+		return REAL_WRAPPED_CALL(name, launch_fn, (exec, s));           \
+	}
+
+GRAPH_LAUNCH_WRAP(cuGraphLaunch, s)
+GRAPH_LAUNCH_WRAP(cuGraphLaunch_ptsz, launch_ptsz_stream(s))
 
 GRAPH_WRAP(cuGraphExecDestroy, destroy_fn, (CUgraphExec exec), (exec), forget(exec), NOTHING)
 

@@ -15,9 +15,12 @@
  *    know, a driver query that fails, nesting too deep) makes the graph
  *    unbounded: its writes cannot be predicted.
  *  - cuGraphLaunch (+_ptsz): passes the gate; with decoding off (no epoch)
- *    that is all. During an epoch a successful launch records one
- *    DAG_NODE_GRAPH node with the graph's ranges, flagged
- *    DAG_NODE_F_UNBOUNDED when the graph is unbounded or not in the table.
+ *    that is all. While the per-chunk gate is open (chunkgate.h) the launch
+ *    first waits for the chunks of the graph's ranges (for everything when
+ *    the graph is unbounded or not in the table). During an epoch a
+ *    successful launch records one DAG_NODE_GRAPH node with the graph's
+ *    ranges, flagged DAG_NODE_F_UNBOUNDED when the graph is unbounded or not
+ *    in the table.
  *  - cuGraphExecDestroy drops the entry (before the driver sees the call,
  *    so a handle the driver reuses at once is never confused with the old).
  *  - cuGraphExecKernelNodeSetParams (+_v2), cuGraphExecMemcpyNodeSetParams,

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "buftab.h"
+#include "chunkgate.h"
 #include "dag.h"
 #include "gate.h"
 #include "launch.h"
@@ -347,8 +348,8 @@ void launch_decode(CUfunction f, CUstream stream, void **kernelParams, void **ex
 
 /* ---- the wrappers ------------------------------------------------------------ */
 
-/* Decodes before the launch (the observer may have to act first); the
- * caller hands it to the DAG after. The decoded launch lives on the
+/* Decodes before the launch (the observer and the per-chunk gate act
+ * first: chunkgate.h); the caller hands it to the DAG after. The decoded launch lives on the
  * launching thread's stack (about 6 KiB), only in these out-of-line slow
  * paths: the hot path only tests the flag. */
 static __attribute__((noinline)) void launch_before(struct launch_decoded *d, CUfunction f, CUstream s,
@@ -360,6 +361,8 @@ static __attribute__((noinline)) void launch_before(struct launch_decoded *d, CU
 	fn = __atomic_load_n(&observer, __ATOMIC_ACQUIRE);
 	if (fn)
 		fn(d, __atomic_load_n(&observer_arg, __ATOMIC_RELAXED));
+	if (chunk_gate_on())
+		chunk_gate_launch(d);
 }
 
 typedef CUresult (*launch_kernel_fn)(CUfunction, unsigned int, unsigned int, unsigned int, unsigned int,

@@ -26,8 +26,9 @@
  *    anyway only makes the answer larger (never wrong); a pointer to just
  *    past a buffer's end is not seen (it is inside no buffer);
  *  - the decoded launch goes to the DAG (dag.h) when the launch succeeded
- *    and an epoch is open, and to the observer (tests, later the per-buffer
- *    gate) before it is forwarded.
+ *    and an epoch is open, and, before it is forwarded, to the observer
+ *    (tests) and to the per-chunk gate (chunkgate.h), which may make the
+ *    launching thread wait.
  * A launch that cannot be decoded (kernelParams with no layout, an `extra`
  * option that is not understood, more distinct buffers than LAUNCH_MAX_TOUCH)
  * is marked LAUNCH_F_UNKNOWN: it may touch anything.
@@ -77,7 +78,8 @@ static inline CUstream launch_ptsz_stream(CUstream s)
 }
 
 /* Turns decoding on for as long as one hold is outstanding (dag_epoch_begin
- * takes one, dag_epoch_end gives it back). Thread-safe. */
+ * takes one, dag_epoch_end gives it back; chunk_gate_begin and
+ * chunk_gate_finish likewise). Thread-safe. */
 void launch_decode_hold(void) SHIM_HIDDEN;
 void launch_decode_release(void) SHIM_HIDDEN;
 

@@ -23,6 +23,24 @@ static inline void use_fake(void)
 	setenv("GPUCR_REAL_LIBCUDA", FAKECUDA_LIB, 1);
 }
 
+/* The start of a test of the shim's internals on the test driver: a time
+ * limit, the fake (or a skip), no control thread (GPUCR_DAEMON=0), the
+ * driver initialised and device 0's primary context current. */
+static inline CUcontext shim_test_start(unsigned int seconds)
+{
+	CUcontext ctx;
+	CUdevice dev;
+
+	alarm(seconds);
+	use_fake();
+	setenv("GPUCR_DAEMON", "0", 1);
+	REQUIRE(cuInit(0) == CUDA_SUCCESS);
+	REQUIRE(cuDeviceGet(&dev, 0) == CUDA_SUCCESS);
+	REQUIRE(cuDevicePrimaryCtxRetain(&ctx, dev) == CUDA_SUCCESS);
+	REQUIRE(cuCtxSetCurrent(ctx) == CUDA_SUCCESS);
+	return ctx;
+}
+
 /* 1 when addr lies in a readable mapping of this process, else 0. */
 static inline int readable(CUdeviceptr addr)
 {

@@ -36,6 +36,16 @@ int cmd_dump(int argc, char **argv);
 void help_dump(FILE *f);
 int cmd_restore(int argc, char **argv);
 void help_restore(FILE *f);
+int cmd_checkpoint(int argc, char **argv);
+void help_checkpoint(FILE *f);
+
+/* criu.c: one dump with CRIU and gpucr's plugin, waiting for the GPU images. */
+struct cli_dump_result {
+	double criu_s;          /* CRIU's run: the process is frozen within it */
+	double total_s;         /* until every GPU image was complete */
+};
+int cli_dump(long pid, const char *dir, int leave, const char *criu_given, char **extra, int nextra,
+	     struct cli_dump_result *res);
 
 /* client.c */
 int cli_connect(const char *socket_path);

@@ -235,6 +235,71 @@ static int wait_images(const char *dir, double t0)
 	return bad ? -EIO : 0;
 }
 
+/* One dump of pid's tree into dir (created if missing) with CRIU and
+ * gpucr's plugin; waits for the GPU images. extra: more criu arguments. */
+int cli_dump(long pid, const char *dir, int leave, const char *criu_given, char **extra, int nextra,
+	     struct cli_dump_result *res)
+{
+	char criu[PATH_MAX], pidbuf[32], *av[64];
+	int n = 0, r, i, marker;
+	double t0, t1;
+
+	memset(res, 0, sizeof(*res));
+	if (mkdir(dir, 0700) < 0 && errno != EEXIST) {
+		fprintf(stderr, "gpucr dump: %s: %s\n", dir, strerror(errno));
+		return CLI_FAIL;
+	}
+	find_criu(criu, sizeof(criu), criu_given);
+	plugin_dir();
+	snprintf(pidbuf, sizeof(pidbuf), "%ld", pid);
+	av[n++] = criu;
+	av[n++] = "dump";
+	av[n++] = "-t";
+	av[n++] = pidbuf;
+	av[n++] = "-D";
+	av[n++] = (char *)dir;
+	av[n++] = "-o";
+	av[n++] = "dump.log";
+	av[n++] = "-v4";
+	if (leave)
+		av[n++] = "-R";
+	marker = is_shell_job(pid);
+	if (marker)
+		av[n++] = "--shell-job";
+	for (i = 0; i < nextra && n < 62; i++)
+		av[n++] = extra[i];
+	av[n] = NULL;
+	/* CRIU need not wait for the GPU images: gpucrd holds the memory, and
+	 * the images are waited for below, once CRIU is done. */
+	setenv("GPUCR_IMAGE_WAIT", getenv("GPUCR_IMAGE_WAIT") ? getenv("GPUCR_IMAGE_WAIT") : "0", 1);
+	t0 = now();
+	r = run_wait(av);
+	t1 = now();
+	res->criu_s = t1 - t0;
+	if (r != 0) {
+		fprintf(stderr, "gpucr dump: criu dump of pid %ld failed (exit %d) after %.2f s\n", pid, r, t1 - t0);
+		show_errors(dir, "dump.log");
+		return CLI_FAIL;
+	}
+	if (marker) {
+		/* restore must be told the same */
+		char p[PATH_MAX];
+		int fd;
+
+		snprintf(p, sizeof(p), "%s/gpucr-shell-job", dir);
+		fd = open(p, O_CREAT | O_WRONLY | O_CLOEXEC, 0600);
+		if (fd >= 0)
+			close(fd);
+	}
+	printf("gpucr dump: pid %ld dumped into %s in %.2f s%s\n", pid, dir, t1 - t0,
+	       leave ? " (left running)" : "");
+	if (wait_images(dir, t0) < 0)
+		return CLI_FAIL;
+	res->total_s = now() - t0;
+	image_summary(dir);
+	return CLI_OK;
+}
+
 int cmd_dump(int argc, char **argv)
 {
 	static const struct option opts[] = {
@@ -246,10 +311,9 @@ int cmd_dump(int argc, char **argv)
 		{ NULL, 0, NULL, 0 },
 	};
 	const char *dir = NULL, *criu_given = NULL;
-	char criu[PATH_MAX], pidbuf[32], *av[64];
-	int leave = 0, c, n = 0, r, i, marker;
+	struct cli_dump_result res;
+	int leave = 0, c;
 	long pid = 0;
-	double t0, t1;
 
 	while ((c = getopt_long(argc, argv, "+t:D:Rc:h", opts, NULL)) != -1) {
 		switch (c) {
@@ -274,57 +338,7 @@ int cmd_dump(int argc, char **argv)
 	}
 	if (pid <= 0 || !dir)
 		return cli_usage_error("dump", "--pid PID and -D DIR are required");
-	if (mkdir(dir, 0700) < 0 && errno != EEXIST) {
-		fprintf(stderr, "gpucr dump: %s: %s\n", dir, strerror(errno));
-		return CLI_FAIL;
-	}
-	find_criu(criu, sizeof(criu), criu_given);
-	plugin_dir();
-	snprintf(pidbuf, sizeof(pidbuf), "%ld", pid);
-	av[n++] = criu;
-	av[n++] = "dump";
-	av[n++] = "-t";
-	av[n++] = pidbuf;
-	av[n++] = "-D";
-	av[n++] = (char *)dir;
-	av[n++] = "-o";
-	av[n++] = "dump.log";
-	av[n++] = "-v4";
-	if (leave)
-		av[n++] = "-R";
-	marker = is_shell_job(pid);
-	if (marker)
-		av[n++] = "--shell-job";
-	for (i = optind; i < argc && n < 62; i++)
-		av[n++] = argv[i];
-	av[n] = NULL;
-	/* CRIU need not wait for the GPU images: gpucrd holds the memory, and
-	 * the images are waited for below, once CRIU is done. */
-	setenv("GPUCR_IMAGE_WAIT", getenv("GPUCR_IMAGE_WAIT") ? getenv("GPUCR_IMAGE_WAIT") : "0", 1);
-	t0 = now();
-	r = run_wait(av);
-	t1 = now();
-	if (r != 0) {
-		fprintf(stderr, "gpucr dump: criu dump of pid %ld failed (exit %d) after %.2f s\n", pid, r, t1 - t0);
-		show_errors(dir, "dump.log");
-		return CLI_FAIL;
-	}
-	if (marker) {
-		/* restore must be told the same */
-		char p[PATH_MAX];
-		int fd;
-
-		snprintf(p, sizeof(p), "%s/gpucr-shell-job", dir);
-		fd = open(p, O_CREAT | O_WRONLY | O_CLOEXEC, 0600);
-		if (fd >= 0)
-			close(fd);
-	}
-	printf("gpucr dump: pid %ld dumped into %s in %.2f s%s\n", pid, dir, t1 - t0,
-	       leave ? " (left running)" : "");
-	if (wait_images(dir, t0) < 0)
-		return CLI_FAIL;
-	image_summary(dir);
-	return CLI_OK;
+	return cli_dump(pid, dir, leave, criu_given, argv + optind, argc - optind, &res);
 }
 
 int cmd_restore(int argc, char **argv)

@@ -12,6 +12,8 @@ static const struct cli_cmd cmds[] = {
 	{ "ps", "list the processes gpucrd holds GPU memory for", cmd_ps, help_ps },
 	{ "dump", "checkpoint a process tree with CRIU and gpucr's plugin", cmd_dump, help_dump },
 	{ "restore", "restore a dumped process tree with its GPU memory", cmd_restore, help_restore },
+	{ "checkpoint", "checkpoint a running process tree, once or periodically, keeping the last N",
+	  cmd_checkpoint, help_checkpoint },
 	{ "drop", "free GPU memory kept for a dumped process", cmd_drop, help_drop },
 	{ "inspect", "decode and check a GPU image in a CRIU image directory", cmd_inspect, help_inspect },
 };

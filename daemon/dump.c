@@ -340,6 +340,14 @@ int dump_start(struct daemon *d, struct conn *c, const Gpucr__Msg *req, int dirf
 			       p->dump->phase == PH_WRITING ? " (its GPU image is still being written)" : "");
 		return -EBUSY;
 	}
+	if (p->shim && (p->state == GPUCR__PROC_STATE__PROC_DUMPED || p->state == GPUCR__PROC_STATE__PROC_RESTORING)) {
+		/* Left running by a dump that just ended: it is mapping its
+		 * memory back. */
+		conn_reply_err(c, id, -EAGAIN,
+			       "pid %u is still getting its GPU memory back after its previous dump; try again in a moment",
+			       dr->pid);
+		return -EAGAIN;
+	}
 	if (p->state != GPUCR__PROC_STATE__PROC_RUNNING || !p->shim) {
 		conn_reply_err(c, id, -EBUSY, "pid %u is not running under gpucr right now (state %d)",
 			       dr->pid, p->state);

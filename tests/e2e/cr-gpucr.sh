@@ -8,7 +8,8 @@
 # damaged image refused (found while loading in the background, or before
 # the restore starts with GPUCR_RESTORE_EARLY=0); gpucrd absent (the dump
 # fails with a message and the application keeps running); a process tree
-# with non-CUDA children.
+# with non-CUDA children; the image written in the background; gpucr
+# dump / restore; gpucr checkpoint (periodic, rotated, restored from latest).
 set -u
 B=$(cd "${BUILD:-build}" && pwd)
 [ "$(id -u)" = 0 ] || { echo "skip: CRIU needs root"; exit 77; }
@@ -226,6 +227,39 @@ grep -q "writing 1 GPU image(s): .* GiB" "$W/cli.flow.log" && ok "cli: progress 
 check_same cli
 stop_daemon
 start_daemon
+
+# 9. gpucr checkpoint: three checkpoints of the running process 0.2 s apart,
+# the newest two kept; then the process is killed and restored from
+# DIR/latest, and every line it wrote, before and after, is the
+# uninterrupted run's. (Its stdout goes to /dev/null: CRIU refuses to
+# restore a process whose open log file grew after the checkpoint.)
+CK_STEPS=200
+"${APP_ENV[@]}" GPUCR_DAEMON=0 "$B/tests/e2e-fake-app" "$W/ref-ck" $CK_STEPS 4 || { echo "reference run failed"; exit 1; }
+cat >"$W/ck.sh" <<FLOW
+set -u
+setsid $B/bin/gpucr run --socket $GPUCR_SOCKET -- env GPUCR_REAL_LIBCUDA=$FAKE GPUCR_QUIESCE_GRACE_MS=50 $B/tests/e2e-fake-app $W/ck.out $CK_STEPS 4 </dev/null >/dev/null 2>&1 &
+pid=\$!
+for i in \$(seq 1 400); do [ -f $W/ck.out ] && [ \$(wc -l <$W/ck.out) -ge 10 ] && break; sleep 0.02; done
+$B/bin/gpucr checkpoint --pid \$pid -D $W/ckpts --every 0.2 --count 3 --keep 2 --json >$W/ck.json || exit 10
+kill -9 \$pid; wait \$pid 2>/dev/null
+$B/bin/gpucr restore -D $W/ckpts/latest || exit 11
+for i in \$(seq 1 1500); do grep -q '^done' $W/ck.out 2>/dev/null && break; sleep 0.02; done
+FLOW
+"$B/tests/e2e-subreaper" bash "$W/ck.sh" >"$W/ck.flow.log" 2>&1
+if [ "$(grep -c '"result":"ok"' "$W/ck.json")" = 3 ] &&
+	[ "$(cd "$W/ckpts" && echo ckpt-* .ckpt-*)" = "ckpt-0002 ckpt-0003 .ckpt-*" ] &&
+	[ "$(readlink "$W/ckpts/latest")" = ckpt-0003 ]; then
+	ok "checkpoint: 3 made, the newest 2 kept, latest -> ckpt-0003, nothing partial left"
+else
+	bad "checkpoint: unexpected checkpoints: $(ls -a "$W/ckpts" | tr '\n' ' '); $(tr '\n' ' ' <"$W/ck.json")"
+	tail -8 "$W/ck.flow.log" | sed 's/^/    /'
+fi
+if grep -q '^done' "$W/ck.out" && [ "$(sort -u "$W/ck.out")" = "$(sort -u "$W/ref-ck")" ]; then
+	ok "checkpoint: restored from latest; every step before and after identical to the uninterrupted run"
+else
+	bad "checkpoint: output after the restore from latest differs: $(diff <(sort -u "$W/ref-ck") <(sort -u "$W/ck.out") | head -4 | tr '\n' ' ')"
+	tail -8 "$W/ck.flow.log" | sed 's/^/    /'
+fi
 
 echo "$fails failure(s)"
 [ $fails = 0 ]

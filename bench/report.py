@@ -43,12 +43,13 @@ def main():
             md.append("| %g | %s | %.2f | %.2f | %.2f | %d | identical |" % (
                 g, sys_, float(r["dump_s"]), float(r["restore_s"]), float(r["first_step_s"]),
                 int(r["image_bytes"]) // 1048576))
-        s, c = by.get(("stock", "%g" % g)), by.get(("gpucr", "%g" % g))
-        if s and c and s.get("ok") == "1" and c.get("ok") == "1":
-            md.append("| %g | ratio stock/gpucr | %.1fx | %.1fx | %.1fx | | |" % (
-                g, float(s["dump_s"]) / max(float(c["dump_s"]), 1e-9),
-                float(s["restore_s"]) / max(float(c["restore_s"]), 1e-9),
-                float(s["first_step_s"]) / max(float(c["first_step_s"]), 1e-9)))
+        for other in ("gpucr", "gpucr-bg"):
+            s, c = by.get(("stock", "%g" % g)), by.get((other, "%g" % g))
+            if s and c and s.get("ok") == "1" and c.get("ok") == "1":
+                md.append("| %g | ratio stock/%s | %.1fx | %.1fx | %.1fx | | |" % (
+                    g, other, float(s["dump_s"]) / max(float(c["dump_s"]), 1e-9),
+                    float(s["restore_s"]) / max(float(c["restore_s"]), 1e-9),
+                    float(s["first_step_s"]) / max(float(c["first_step_s"]), 1e-9)))
     if steady:
         md += ["", "| steady state (mean of runs in the order without, with, with, without) | without gpucr (s) | with gpucr's shim (s) | overhead |", "|---|---|---|---|"]
         for name in sorted({s["steady"] for s in steady}):

@@ -121,7 +121,7 @@ FLOW
 	# The flow waits after the dump for "go": gpucr-image restarts the
 	# daemon then, from here (a daemon started inside the flow would be a
 	# descendant of the subreaper, which waits for all of them).
-	timeout 300 "$B/tests/e2e-subreaper" bash "$dir/flow.sh" >"$dir/flow.log" 2>&1 &
+	timeout "${CR_TIMEOUT:-300}" "$B/tests/e2e-subreaper" bash "$dir/flow.sh" >"$dir/flow.log" 2>&1 &
 	local fpid=$! i
 	for ((i = 0; i < 6000; i++)); do [ -f "$dir/dumped" ] || ! kill -0 $fpid 2>/dev/null && break; sleep 0.05; done
 	if [ $mode = gpucr-image ] && [ -f "$dir/dumped" ]; then

@@ -9,7 +9,11 @@
  *     beside CRIU's files, so a dump that succeeds has a complete image.
  * Dump, any other CUDA process: the driver flow of CRIU's own cuda plugin
  *   (lock at PAUSE, checkpoint at CHECKPOINT with the restore thread let
- *   run), through gpucrd or the driver loaded here.
+ *   run), through gpucrd or the driver loaded here; its restore, in
+ *   RESUME_DEVICES_LATE, lets the restore thread run before anything but
+ *   that thread's id is asked of the driver. The driver serves its
+ *   checkpoint API through that thread: a call made while CRIU holds it
+ *   stopped waits for ever.
  * fini after a failed or --leave-running dump: driver restore + unlock, and
  *   the control thread of an attached process is woken to map its memory.
  * Restore, RESUME_DEVICES_LATE: gpucrd makes the memory ready (retained on
@@ -144,6 +148,30 @@ static int call_simple(Gpucr__Msg *m, int fd, const char *what, int pid, Gpucr__
 	return 0;
 }
 
+/* Driver restore + unlock of a stopped process whose restore thread has
+ * been let run (the driver does both through that thread). */
+static int driver_restore_unlock(struct tracked *t)
+{
+	char msg[600];
+	int r = 0;
+
+	if (t->checkpointed) {
+		r = drv_op(t->pid, GPUCR__DRIVER_OP_KIND__DRV_RESTORE, 0, NULL, NULL, msg, sizeof(msg));
+		if (r < 0)
+			pl_err("pid %d: driver restore: %s", t->pid, msg);
+		else
+			t->checkpointed = 0;
+	}
+	if (!r && t->locked && t->initial == GPUCR__DRIVER_STATE__DRV_STATE_RUNNING) {
+		r = drv_op(t->pid, GPUCR__DRIVER_OP_KIND__DRV_UNLOCK, 0, NULL, NULL, msg, sizeof(msg));
+		if (r < 0)
+			pl_err("pid %d: driver unlock: %s", t->pid, msg);
+		else
+			t->locked = 0;
+	}
+	return r;
+}
+
 /* Driver restore + unlock of a stopped process: its restore thread runs
  * meanwhile. */
 static int driver_resume(struct tracked *t)
@@ -162,20 +190,7 @@ static int driver_resume(struct tracked *t)
 	r = thread_resume(tid, &h);
 	if (r < 0)
 		return r;
-	if (t->checkpointed) {
-		r = drv_op(t->pid, GPUCR__DRIVER_OP_KIND__DRV_RESTORE, 0, NULL, NULL, msg, sizeof(msg));
-		if (r < 0)
-			pl_err("pid %d: driver restore: %s", t->pid, msg);
-		else
-			t->checkpointed = 0;
-	}
-	if (!r && t->locked && t->initial == GPUCR__DRIVER_STATE__DRV_STATE_RUNNING) {
-		r = drv_op(t->pid, GPUCR__DRIVER_OP_KIND__DRV_UNLOCK, 0, NULL, NULL, msg, sizeof(msg));
-		if (r < 0)
-			pl_err("pid %d: driver unlock: %s", t->pid, msg);
-		else
-			t->locked = 0;
-	}
+	r = driver_restore_unlock(t);
 	r2 = thread_stop_again(&h);
 	return r ? r : r2;
 }
@@ -417,9 +432,10 @@ static int prepare_all(void)
 static int gpucr_resume_devices_late(int pid)
 {
 	Gpucr__DriverState st = GPUCR__DRIVER_STATE__DRV_STATE_UNKNOWN;
+	struct held_thread h;
 	struct tracked *t;
 	char msg[600];
-	int tid = -1, r;
+	int tid = -1, r, r2;
 
 	if (disabled)
 		return -ENOTSUP;
@@ -452,16 +468,28 @@ static int gpucr_resume_devices_late(int pid)
 	r = drv_op(pid, GPUCR__DRIVER_OP_KIND__DRV_GET_RESTORE_TID, 0, NULL, &tid, msg, sizeof(msg));
 	if (r < 0 || tid <= 0)
 		return -ENOTSUP;
+	/* Every process is stopped here. The driver serves the checkpoint API,
+	 * a state query included, through the process's restore thread: ask
+	 * nothing but its id until that thread runs, or the query waits for a
+	 * thread that never runs (CRIU's cuda plugin asks only the id too). */
+	r = thread_resume(tid, &h);
+	if (r < 0)
+		return r;
 	r = drv_op(pid, GPUCR__DRIVER_OP_KIND__DRV_GET_STATE, 0, &st, NULL, msg, sizeof(msg));
-	if (r < 0 || st != GPUCR__DRIVER_STATE__DRV_STATE_CHECKPOINTED)
-		return -ENOTSUP;
-	t = track(pid);
-	if (!t)
-		return -ENOMEM;
-	t->checkpointed = t->locked = 1;
-	t->initial = GPUCR__DRIVER_STATE__DRV_STATE_RUNNING;
-	pl_info("pid %d: restoring a CUDA process not under gpucr with the driver's own restore", pid);
-	return driver_resume(t);
+	if (r < 0) {
+		pl_err("pid %d: driver state: %s", pid, msg);
+	} else if (st != GPUCR__DRIVER_STATE__DRV_STATE_CHECKPOINTED) {
+		r = -ENOTSUP;
+	} else if (!(t = track(pid))) {
+		r = -ENOMEM;
+	} else {
+		t->checkpointed = t->locked = 1;
+		t->initial = GPUCR__DRIVER_STATE__DRV_STATE_RUNNING;
+		pl_info("pid %d: restoring a CUDA process not under gpucr with the driver's own restore", pid);
+		r = driver_restore_unlock(t);
+	}
+	r2 = thread_stop_again(&h);
+	return r ? r : r2;
 }
 CR_PLUGIN_REGISTER_HOOK(CR_PLUGIN_HOOK__RESUME_DEVICES_LATE, gpucr_resume_devices_late)
 

@@ -58,13 +58,16 @@ static void drv_work(void *data)
 	char gmsg[512];
 	int r;
 
-	r = gpu_init(gmsg, sizeof(gmsg));
+	/* The driver alone (cuInit), not gpu_init: these calls need no context
+	 * of ours, and must not wait behind the start of the GPU side (contexts
+	 * on every device, the fingerprint module, pinned staging), which runs
+	 * in the background at startup and can take long or fail on its own. */
+	r = cudrv_load(&drv, gmsg, sizeof(gmsg));
 	if (r < 0) {
 		j->err = r;
 		snprintf(j->msg, sizeof(j->msg), "no CUDA driver in gpucrd: %.400s", gmsg);
 		return;
 	}
-	drv = gpu_drv();
 	if (!cudrv_has_checkpoint(drv)) {
 		j->err = -EOPNOTSUPP;
 		snprintf(j->msg, sizeof(j->msg),

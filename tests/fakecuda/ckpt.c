@@ -2,9 +2,10 @@
  * daemon, a CRIU plugin, a checkpoint tool) on a target pid, and the scan
  * of the device memory a process holds.  State moves RUNNING -> LOCKED ->
  * CHECKPOINTED -> LOCKED -> RUNNING through the target's state page (see
- * gate.c).  Unlike the driver, the fake cannot save device memory: a
- * checkpoint succeeds only when the target holds none, which is what lets
- * tests prove that gpucr really released it. */
+ * gate.c).  By default a checkpoint succeeds only when the target holds no
+ * device memory, which is what lets tests prove that gpucr really released
+ * it; a target started with FAKECUDA_CKPT_KEEPS_MEMORY=1 is checkpointed
+ * with its memory, as by the driver (tests of the plain driver flow). */
 #include <dirent.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -226,6 +227,36 @@ static uint64_t now_ms(void)
 	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
 }
 
+/* With FAKECUDA_RESTORE_THREAD in the target: the call needs the target's
+ * restore thread to run (see gate.c).  The driver would wait for it without
+ * end; the fake gives up after FAKECUDA_RESTORE_THREAD_WAIT_MS (default
+ * 5000) with CUDA_ERROR_TIMEOUT and a line on stderr, so that a tool that
+ * calls it with that thread stopped fails a test instead of hanging it. */
+static CUresult restore_thread_call(struct fk_page *p, const char *fn)
+{
+	static const struct timespec pause = { 0, 200000 };
+	const char *env = getenv("FAKECUDA_RESTORE_THREAD_WAIT_MS");
+	unsigned wait_ms = env && *env ? (unsigned)strtoul(env, NULL, 10) : 5000;
+	uint64_t deadline;
+	uint32_t mine;
+
+	if (!(__atomic_load_n(&p->flags, __ATOMIC_ACQUIRE) & FK_PAGE_RESTORE_THREAD))
+		return CUDA_SUCCESS;
+	mine = __atomic_add_fetch(&p->calls, 1, __ATOMIC_SEQ_CST);
+	deadline = now_ms() + wait_ms;
+	while ((int32_t)(__atomic_load_n(&p->served, __ATOMIC_ACQUIRE) - mine) < 0) {
+		if (now_ms() >= deadline) {
+			fprintf(stderr,
+				"fakecuda: %s: pid %d: its restore thread %d did not run for %u ms (stopped by a "
+				"tracer?); the driver would wait for it forever\n",
+				fn, (int)p->pid, (int)__atomic_load_n(&p->restore_tid, __ATOMIC_ACQUIRE), wait_ms);
+			return CUDA_ERROR_TIMEOUT;
+		}
+		nanosleep(&pause, NULL);
+	}
+	return CUDA_SUCCESS;
+}
+
 CUresult CUDAAPI cuCheckpointProcessGetState(int pid, CUprocessState *state)
 {
 	struct fk_page *p;
@@ -236,9 +267,11 @@ CUresult CUDAAPI cuCheckpointProcessGetState(int pid, CUprocessState *state)
 	rc = target_open(pid, &p);
 	if (rc != CUDA_SUCCESS)
 		return rc;
-	*state = (CUprocessState)__atomic_load_n(&p->state, __ATOMIC_SEQ_CST);
+	rc = restore_thread_call(p, __func__);
+	if (rc == CUDA_SUCCESS)
+		*state = (CUprocessState)__atomic_load_n(&p->state, __ATOMIC_SEQ_CST);
 	munmap(p, FK_PAGE_SIZE);
-	return CUDA_SUCCESS;
+	return rc;
 }
 
 CUresult CUDAAPI cuCheckpointProcessGetRestoreThreadId(int pid, int *tid)
@@ -270,6 +303,9 @@ CUresult CUDAAPI cuCheckpointProcessLock(int pid, CUcheckpointLockArgs *args)
 	rc = target_open(pid, &p);
 	if (rc != CUDA_SUCCESS)
 		return rc;
+	rc = restore_thread_call(p, __func__);
+	if (rc != CUDA_SUCCESS)
+		goto out;
 	if (!move_state(p, CU_PROCESS_STATE_RUNNING, CU_PROCESS_STATE_LOCKED)) {
 		rc = CUDA_ERROR_ILLEGAL_STATE;
 		goto out;
@@ -302,6 +338,14 @@ CUresult CUDAAPI cuCheckpointProcessCheckpoint(int pid, CUcheckpointCheckpointAr
 		rc = CUDA_ERROR_ILLEGAL_STATE;
 		goto out;
 	}
+	rc = restore_thread_call(p, __func__);
+	if (rc != CUDA_SUCCESS)
+		goto out;
+	/* FAKECUDA_CKPT_KEEPS_MEMORY: as the driver, which moves device memory
+	 * into the process's host memory; the fake's already is host memory
+	 * (memfd mappings, which CRIU dumps and restores with their bytes). */
+	if (__atomic_load_n(&p->flags, __ATOMIC_ACQUIRE) & FK_PAGE_KEEPS_MEMORY)
+		goto checkpointed;
 	err = fakecuda_held_bytes(pid, &h);
 	if (err < 0) {
 		rc = err == -EACCES || err == -EPERM ? CUDA_ERROR_NOT_PERMITTED : CUDA_ERROR_OPERATING_SYSTEM;
@@ -316,6 +360,7 @@ CUresult CUDAAPI cuCheckpointProcessCheckpoint(int pid, CUcheckpointCheckpointAr
 		rc = CUDA_ERROR_INVALID_VALUE;
 		goto out;
 	}
+checkpointed:
 	if (!move_state(p, CU_PROCESS_STATE_LOCKED, CU_PROCESS_STATE_CHECKPOINTED))
 		rc = CUDA_ERROR_ILLEGAL_STATE;
 out:
@@ -347,7 +392,8 @@ CUresult CUDAAPI cuCheckpointProcessRestore(int pid, CUcheckpointRestoreArgs *ar
 	rc = target_open(pid, &p);
 	if (rc != CUDA_SUCCESS)
 		return rc;
-	if (!move_state(p, CU_PROCESS_STATE_CHECKPOINTED, CU_PROCESS_STATE_LOCKED))
+	rc = restore_thread_call(p, __func__);
+	if (rc == CUDA_SUCCESS && !move_state(p, CU_PROCESS_STATE_CHECKPOINTED, CU_PROCESS_STATE_LOCKED))
 		rc = CUDA_ERROR_ILLEGAL_STATE;
 	munmap(p, FK_PAGE_SIZE);
 	return rc;
@@ -362,7 +408,8 @@ CUresult CUDAAPI cuCheckpointProcessUnlock(int pid, CUcheckpointUnlockArgs *args
 	rc = target_open(pid, &p);
 	if (rc != CUDA_SUCCESS)
 		return rc;
-	if (!move_state(p, CU_PROCESS_STATE_LOCKED, CU_PROCESS_STATE_RUNNING))
+	rc = restore_thread_call(p, __func__);
+	if (rc == CUDA_SUCCESS && !move_state(p, CU_PROCESS_STATE_LOCKED, CU_PROCESS_STATE_RUNNING))
 		rc = CUDA_ERROR_ILLEGAL_STATE;
 	munmap(p, FK_PAGE_SIZE);
 	return rc;

@@ -4,7 +4,8 @@
  * RUNNING are swept at the next cuInit), blocks callers while another
  * process holds us LOCKED or CHECKPOINTED, counts the calls in flight so
  * that a lock can wait for them to drain, and applies injected faults
- * (FAKECUDA_FAIL, fakecuda_inject_fault). */
+ * (FAKECUDA_FAIL, fakecuda_inject_fault).  With FAKECUDA_RESTORE_THREAD it
+ * also runs the thread that serves the checkpoint API in this process. */
 #include <ctype.h>
 #include <dirent.h>
 #include <fcntl.h>
@@ -14,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -45,6 +47,61 @@ void fk_state_path(char *buf, size_t len, pid_t pid)
 	snprintf(buf, len, FAKECUDA_STATE_FMT, dir, (int)pid);
 }
 
+static int env_on(const char *name)
+{
+	const char *v = getenv(name);
+
+	return v && *v && strcmp(v, "0") != 0;
+}
+
+/* FAKECUDA_RESTORE_THREAD: the driver serves the checkpoint API through a
+ * thread of its own in the target (cuCheckpointProcessGetRestoreThreadId),
+ * so a lock, checkpoint, restore, unlock or state query of a process whose
+ * threads are all stopped (a tracer holds them) does not complete until a
+ * tool lets that thread run.  This thread answers every call posted on the
+ * page; a stopped one answers none. */
+static void *restore_thread(void *arg)
+{
+	static const struct timespec pause = { 0, 500000 };
+	struct fk_page *p = arg;
+
+	__atomic_store_n(&p->restore_tid, (int32_t)syscall(SYS_gettid), __ATOMIC_RELEASE);
+	for (;;) {
+		uint32_t c = __atomic_load_n(&p->calls, __ATOMIC_ACQUIRE);
+
+		if (__atomic_load_n(&p->served, __ATOMIC_RELAXED) != c)
+			__atomic_store_n(&p->served, c, __ATOMIC_RELEASE);
+		nanosleep(&pause, NULL);
+	}
+	return NULL;
+}
+
+/* Starts the restore thread of page p (signals blocked: they are the
+ * application's) and waits until it has published its tid. */
+static void restore_thread_start(struct fk_page *p)
+{
+	static const struct timespec pause = { 0, 100000 };
+	sigset_t all, old;
+	pthread_attr_t a;
+	pthread_t th;
+	int r;
+
+	sigfillset(&all);
+	pthread_sigmask(SIG_SETMASK, &all, &old);
+	pthread_attr_init(&a);
+	pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+	pthread_attr_setstacksize(&a, 256 << 10);
+	r = pthread_create(&th, &a, restore_thread, p);
+	pthread_attr_destroy(&a);
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	if (r != 0) {
+		fprintf(stderr, "fakecuda: cannot start the restore thread: %s\n", strerror(r));
+		return;
+	}
+	while (__atomic_load_n(&p->restore_tid, __ATOMIC_ACQUIRE) == p->pid)
+		nanosleep(&pause, NULL);
+}
+
 static struct fk_page *page_create(void)
 {
 	char path[PATH_MAX];
@@ -72,6 +129,10 @@ static struct fk_page *page_create(void)
 	p->pid = pid;
 	p->state = CU_PROCESS_STATE_RUNNING;
 	p->restore_tid = pid;
+	p->flags = (env_on("FAKECUDA_CKPT_KEEPS_MEMORY") ? FK_PAGE_KEEPS_MEMORY : 0) |
+		   (env_on("FAKECUDA_RESTORE_THREAD") ? FK_PAGE_RESTORE_THREAD : 0);
+	if (p->flags & FK_PAGE_RESTORE_THREAD)
+		restore_thread_start(p);
 	__atomic_store_n(&p->magic, FK_PAGE_MAGIC, __ATOMIC_RELEASE);
 	self_pid = pid;
 	return p;

@@ -170,7 +170,7 @@ CUresult fk_get_proc_address(const char *symbol, void **pfn, int cuda_version, c
  * process itself and, for the length of one call, by whoever drives
  * cuCheckpointProcess* on it.  Fields are accessed with __atomic builtins. */
 #define FK_PAGE_MAGIC 0x70636b66u  /* "fkcp" */
-#define FK_PAGE_VERSION 1u
+#define FK_PAGE_VERSION 2u
 #define FK_PAGE_SIZE 4096
 
 struct fk_page {
@@ -181,7 +181,17 @@ struct fk_page {
 	int32_t active;        /* threads inside a gated driver call */
 	int32_t restore_tid;
 	uint64_t transitions;  /* state changes, for debugging */
+	/* Version 2: the target's opt-ins (FAKECUDA_CKPT_KEEPS_MEMORY,
+	 * FAKECUDA_RESTORE_THREAD, read at cuInit), and the restore thread's
+	 * mailbox: a caller raises `calls` and waits until the thread has
+	 * copied it into `served`. */
+	uint32_t flags;        /* FK_PAGE_KEEPS_MEMORY | FK_PAGE_RESTORE_THREAD */
+	uint32_t calls;
+	uint32_t served;
 };
+
+#define FK_PAGE_KEEPS_MEMORY 1u    /* a checkpoint keeps device memory, as the driver's does */
+#define FK_PAGE_RESTORE_THREAD 2u  /* a thread of the target serves the checkpoint API */
 
 /* "<dir>/fakecuda-ckpt-<pid>" into buf. */
 void fk_state_path(char *buf, size_t len, pid_t pid);

@@ -5,13 +5,17 @@
  * target's driver calls block until unlock, a lock waits for a running
  * kernel (and times out leaving it RUNNING), checkpoint is refused while
  * device or managed memory is held (naming the bytes) and accepted once
- * the child released it, and non-CUDA pids are refused. */
+ * the child released it, and non-CUDA pids are refused.  A target that
+ * opts into the driver-like mode (FAKECUDA_CKPT_KEEPS_MEMORY,
+ * FAKECUDA_RESTORE_THREAD) is checkpointed with its memory intact, and the
+ * calls it needs its restore thread for fail while a tracer stops it. */
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/ptrace.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -78,6 +82,32 @@ static void *idle_thread(void *arg)
 	for (;;)
 		pause();
 	return NULL;
+}
+
+/* A target that opts into the driver-like behaviour: its checkpoint keeps
+ * device memory, and a restore thread of its own serves the API.  Holds
+ * 1 MiB with a pattern, checks it on "q" and exits with 0 if intact. */
+static int target_like_driver(int cmd, int ack)
+{
+	CUdeviceptr p;
+	CUcontext ctx;
+	uint32_t buf[256];
+	char c;
+
+	setenv("FAKECUDA_CKPT_KEEPS_MEMORY", "1", 1);
+	setenv("FAKECUDA_RESTORE_THREAD", "1", 1);
+	CU_OK(cuInit(0)); /* a forked child: its state page is made now */
+	CU_OK(cuDevicePrimaryCtxRetain(&ctx, 0));
+	CU_OK(cuCtxSetCurrent(ctx));
+	CU_OK(cuMemAlloc(&p, 1 * MIB));
+	CU_OK(cuMemsetD32(p, 0x5eed, MIB / 4));
+	put(ack, "R", 1);
+	CHECK(get(cmd, &c, 1, 30000) == 0 && c == 'q');
+	CU_OK(cuMemcpyDtoH(buf, p + MIB - sizeof(buf), sizeof(buf)));
+	for (size_t i = 0; i < 256; i++)
+		CHECK(buf[i] == 0x5eed);
+	CU_OK(cuMemFree(p));
+	return 0;
 }
 
 /* ---- the target ---- */
@@ -169,6 +199,29 @@ static int target(int cmd, int ack)
 
 /* ---- the checkpoint tool ---- */
 
+/* Forks a target fn(cmd, ack) and waits for its 'R'; *ret_cmd, *ret_ack
+ * are the parent's ends of the pipes. */
+static pid_t spawn(int (*fn)(int cmd, int ack), int *ret_cmd, int *ret_ack)
+{
+	int to_child[2], from_child[2];
+	pid_t pid;
+
+	CHECK(pipe2(to_child, O_CLOEXEC) == 0 && pipe2(from_child, O_CLOEXEC) == 0);
+	pid = fork();
+	CHECK(pid >= 0);
+	if (pid == 0) {
+		close(to_child[1]);
+		close(from_child[0]);
+		exit(fn(to_child[0], from_child[1])); /* exit: the fake removes its state file */
+	}
+	close(to_child[0]);
+	close(from_child[1]);
+	*ret_cmd = to_child[1];
+	*ret_ack = from_child[0];
+	expect_ack(*ret_ack, 'R');
+	return pid;
+}
+
 static void expect_state(pid_t pid, CUprocessState want)
 {
 	CUprocessState st = (CUprocessState)99;
@@ -232,17 +285,7 @@ int main(void)
 	CU_OK(cuInit(0));
 	expect_state(getpid(), CU_PROCESS_STATE_RUNNING);
 
-	CHECK(pipe2(to_child, O_CLOEXEC) == 0 && pipe2(from_child, O_CLOEXEC) == 0);
-	pid = fork();
-	CHECK(pid >= 0);
-	if (pid == 0) {
-		close(to_child[1]);
-		close(from_child[0]);
-		exit(target(to_child[0], from_child[1])); /* exit: the fake removes its state file */
-	}
-	close(to_child[0]);
-	close(from_child[1]);
-	expect_ack(from_child[0], 'R');
+	pid = spawn(target, &to_child[1], &from_child[0]);
 
 	/* A forked child is a process of its own to the checkpoint API. */
 	expect_state(pid, CU_PROCESS_STATE_RUNNING);
@@ -366,6 +409,40 @@ int main(void)
 	}
 	kill(other, SIGKILL);
 	CHECK(waitpid(other, &status, 0) == other);
+
+	/* FAKECUDA_CKPT_KEEPS_MEMORY + FAKECUDA_RESTORE_THREAD in the target:
+	 * checkpointed with its memory, and every call but the restore thread
+	 * id needs that thread to run (a tracer holding it stopped makes them
+	 * time out here; the driver would wait). */
+	setenv("FAKECUDA_RESTORE_THREAD_WAIT_MS", "300", 1);
+	pid = spawn(target_like_driver, &to_child[1], &from_child[0]);
+	CU_OK(cuCheckpointProcessGetRestoreThreadId(pid, &tid));
+	CHECK(tid != pid && tid > 0);
+	CU_OK(cuCheckpointProcessLock(pid, NULL));
+	CHECK(fakecuda_held_bytes(pid, &held) == 0 && held.mapped_bytes == 1 * MIB);
+	CU_OK(cuCheckpointProcessCheckpoint(pid, NULL));
+	expect_state(pid, CU_PROCESS_STATE_CHECKPOINTED);
+	CHECK(ptrace(PTRACE_SEIZE, tid, NULL, 0) == 0);
+	CHECK(ptrace(PTRACE_INTERRUPT, tid, NULL, 0) == 0);
+	CHECK(waitpid(tid, &status, __WALL) == tid && WIFSTOPPED(status));
+	{
+		CUprocessState st;
+
+		t0 = now_ms();
+		CU_EXPECT(cuCheckpointProcessRestore(pid, NULL), CUDA_ERROR_TIMEOUT);
+		CHECK(now_ms() - t0 >= 290);
+		CU_EXPECT(cuCheckpointProcessGetState(pid, &st), CUDA_ERROR_TIMEOUT);
+		CU_OK(cuCheckpointProcessGetRestoreThreadId(pid, &ntid));
+		CHECK(ntid == tid);
+	}
+	CHECK(ptrace(PTRACE_DETACH, tid, NULL, 0) == 0);
+	expect_state(pid, CU_PROCESS_STATE_CHECKPOINTED);
+	CU_OK(cuCheckpointProcessRestore(pid, NULL));
+	CU_OK(cuCheckpointProcessUnlock(pid, NULL));
+	expect_state(pid, CU_PROCESS_STATE_RUNNING);
+	put(to_child[1], "q", 1);
+	CHECK(waitpid(pid, &status, 0) == pid);
+	CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
 	printf("test-ckpt: ok\n");
 	return 0;
 }

@@ -1,0 +1,158 @@
+#!/usr/bin/env bash
+# timeout: 240
+# End to end on the test driver with real CRIU and gpucr's plugin: a CUDA
+# application NOT started under gpucr (no shim: it runs on the test driver
+# directly) is dumped and restored through the driver's own checkpoint API,
+# the fallback that makes gpucr's plugin a superset of CRIU's cuda plugin.
+# The application opts the test driver into behaving as the real one does
+# here: a checkpoint keeps its device memory (FAKECUDA_CKPT_KEEPS_MEMORY),
+# and the checkpoint API is served by a restore thread of the application
+# that must be let run while CRIU holds it stopped (FAKECUDA_RESTORE_THREAD;
+# a call made while that thread is stopped fails after a few seconds where
+# the driver would wait for ever). Cases: dump, kill, restore (a) with gpucrd
+# running (driver calls made by the daemon), (b) without gpucrd (made in
+# CRIU's process), (c) --leave-running. Each run's output must equal an
+# uninterrupted run's, and the plugin's log must show the driver's own
+# checkpoint and restore were used.
+set -u
+B=$(cd "${BUILD:-build}" && pwd)
+[ "$(id -u)" = 0 ] || { echo "skip: CRIU needs root"; exit 77; }
+command -v criu >/dev/null || { echo "criu not installed: run scripts/install-deps.sh"; exit 1; }
+W=$(mktemp -d /tmp/gpucr-plain.XXXXXX)
+FAKE=$B/fakecuda/libcuda.so.1
+export GPUCR_SOCKET=$W/gpucrd.sock GPUCR_DRIVER_LIBCUDA=$FAKE FAKECUDA_STATE_DIR=$W
+export CRIU_LIBS_DIR=$B/lib/criu
+APP_ENV=(env LD_LIBRARY_PATH=$B/fakecuda FAKECUDA_CKPT_KEEPS_MEMORY=1 FAKECUDA_RESTORE_THREAD=1)
+STEPS=60
+fails=0
+
+cleanup() {
+	pkill -f "gpucrd --socket $GPUCR_SOCKET" 2>/dev/null
+	[ -n "${GPUCR_TEST_KEEP:-}" ] || rm -rf "$W"
+}
+trap cleanup EXIT
+
+ok() { echo "ok: $*"; }
+bad() { echo "FAIL: $*"; fails=$((fails + 1)); }
+
+start_daemon() {
+	"$B/bin/gpucrd" --socket "$GPUCR_SOCKET" --log "$W/gpucrd.log" --verbose </dev/null >/dev/null 2>&1 &
+	for _ in $(seq 1 100); do [ -S "$GPUCR_SOCKET" ] && return 0; sleep 0.05; done
+	echo "gpucrd did not start"; cat "$W/gpucrd.log"; exit 1
+}
+stop_daemon() {
+	pkill -f "gpucrd --socket $GPUCR_SOCKET"
+	for _ in $(seq 1 100); do pgrep -f "gpucrd --socket $GPUCR_SOCKET" >/dev/null || break; sleep 0.05; done
+	rm -f "$GPUCR_SOCKET"
+}
+
+# Reference output: the same application, never dumped.
+"${APP_ENV[@]}" "$B/tests/e2e-fake-app" "$W/ref" $STEPS 4 || { echo "reference run failed"; exit 1; }
+
+# One C/R flow under a subreaper. $1 name, $2 dump options. Writes
+# $W/$1.out, and $W/$1.dumped with the pid once the dump is done.
+flow() {
+	local name=$1 dopts=$2
+	mkdir -p "$W/$name"
+	cat >"$W/$name.sh" <<FLOW
+set -u
+setsid ${APP_ENV[*]} $B/tests/e2e-fake-app $W/$name.out $STEPS 4 </dev/null >$W/$name.app.log 2>&1 &
+pid=\$!
+for i in \$(seq 1 400); do [ -f $W/$name.out ] && [ \$(wc -l <$W/$name.out) -ge 10 ] && break; sleep 0.02; done
+criu dump -t \$pid -D $W/$name -o dump.log -v4 $dopts || { echo "dump failed"; exit 10; }
+echo \$pid >$W/$name.dumped
+if ! kill -0 \$pid 2>/dev/null; then
+	wait \$pid 2>/dev/null
+	criu restore -D $W/$name -o restore.log -v4 -d || { echo "restore failed"; exit 11; }
+fi
+for i in \$(seq 1 1500); do grep -q '^done' $W/$name.out 2>/dev/null && break; sleep 0.02; done
+for i in \$(seq 1 100); do kill -0 \$pid 2>/dev/null || break; sleep 0.02; done
+# One left blocked (a driver state not put back) would keep the subreaper waiting.
+kill -0 \$pid 2>/dev/null && { echo "pid \$pid still running: killed"; kill -9 \$pid; }
+FLOW
+	"$B/tests/e2e-subreaper" bash "$W/$name.sh" >"$W/$name.flow.log" 2>&1
+}
+
+show_logs() { # name
+	tail -5 "$W/$1.flow.log" "$W/$1.app.log" 2>/dev/null | sed 's/^/    /'
+	grep -h "gpucr:\|Error" "$W/$1/dump.log" "$W/$1/restore.log" 2>/dev/null | tail -15 | sed 's/^/    criu| /'
+	[ -f "$W/gpucrd.log" ] && tail -8 "$W/gpucrd.log" | sed 's/^/    gpucrd| /'
+}
+
+check_same() { # name
+	if cmp -s "$W/ref" "$W/$1.out"; then
+		ok "$1: output identical to the uninterrupted run"
+	else
+		bad "$1: output differs: $(diff "$W/ref" "$W/$1.out" 2>&1 | head -4 | tr '\n' ' ')"
+		show_logs "$1"
+	fi
+}
+
+# The plugin's log says it took the driver's own path, at dump ($2 = dump)
+# or at restore ($2 = restore).
+check_driver_path() { # name dump|restore
+	local log=$W/$1/$2.log want
+	if [ "$2" = dump ]; then
+		want="CUDA process not under gpucr: using the driver's own checkpoint"
+	else
+		want="restoring a CUDA process not under gpucr with the driver's own restore"
+	fi
+	if grep -q "gpucr: pid [0-9]*: $want" "$log" 2>/dev/null; then
+		ok "$1: $2 through the driver's own checkpoint API"
+	else
+		bad "$1: the $2 log does not show the driver's own checkpoint API"
+		show_logs "$1"
+	fi
+	if grep -q "gpucr: .*\(failed\|cannot\)" "$log" 2>/dev/null; then
+		bad "$1: the plugin reported an error in its $2 log"
+		grep "gpucr: .*\(failed\|cannot\)" "$log" | sed 's/^/    /'
+	fi
+}
+
+# (a) gpucrd running: dump, kill, restore; the daemon makes the driver calls.
+start_daemon
+flow daemon ""
+check_same daemon
+check_driver_path daemon dump
+check_driver_path daemon restore
+pid=$(cat "$W/daemon.dumped" 2>/dev/null)
+if grep -q "gpucr plugin .*gpucrd connected" "$W/daemon/dump.log" &&
+	grep -q "pid $pid: driver checkpoint in" "$W/gpucrd.log" && grep -q "pid $pid: driver restore in" "$W/gpucrd.log"; then
+	ok "daemon: gpucrd checkpointed and restored pid $pid"
+else
+	bad "daemon: gpucrd did not make the driver calls"
+	show_logs daemon
+fi
+
+# (c) --leave-running: the process goes on, its driver state put back.
+flow leave-running "-R"
+check_same leave-running
+check_driver_path leave-running dump
+if grep -q "left running: putting its GPU state back" "$W/leave-running/dump.log"; then
+	ok "leave-running: driver restore and unlock after the dump"
+else
+	bad "leave-running: the GPU state was not put back"
+	show_logs leave-running
+fi
+stop_daemon
+
+# (b) no gpucrd: the driver calls are made in CRIU's own process. Under
+# ASan the test driver is instrumented and CRIU (not instrumented) cannot
+# load it.
+if ldd "$FAKE" | grep -q libasan; then
+	echo "skip: no-daemon case under ASan (CRIU cannot load the instrumented test driver)"
+else
+	flow no-daemon ""
+	check_same no-daemon
+	check_driver_path no-daemon dump
+	check_driver_path no-daemon restore
+	if grep -q "gpucrd not running" "$W/no-daemon/dump.log" && grep -q "gpucrd not running" "$W/no-daemon/restore.log"; then
+		ok "no-daemon: the plugin called the driver itself"
+	else
+		bad "no-daemon: the plugin did not run without gpucrd"
+		show_logs no-daemon
+	fi
+fi
+
+echo "$fails failure(s)"
+[ $fails = 0 ]

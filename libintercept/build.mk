@@ -13,9 +13,9 @@
 # loads the driver on first use), and skips (77) when the fake is not built.
 # unit-shim-alloc, -procaddr, -forward and -self link the shim as installed;
 # unit-shim-control and -control-drop too, with common/ for the fake gpucrd
-# they run (tests/unit/fakegpucrd.h); unit-shim-remap, -buftab, -gate, -launch, -dag, -copy, -graph and -chunkgate link
-# its objects (libintercept.a) to reach the internal API (alloc.h, buftab.h,
-# gate.h).
+# they run (tests/unit/fakegpucrd.h); unit-shim-remap, -buftab, -gate, -launch, -dag, -copy, -graph, -chunkgate
+# and -epoch (which runs the fake gpucrd as well) link its objects
+# (libintercept.a) to reach the internal API (alloc.h, buftab.h, gate.h).
 
 SHIM_STUB ?= $(CUDA_HOME)/lib64/stubs/libcuda.so
 SHIM_GEN := $(BUILD)/gen/libintercept
@@ -73,7 +73,7 @@ ALL += $(SHIM_LIB)
 # ---- tests ----------------------------------------------------------------
 SHIM_TESTS_SO := forward procaddr alloc self
 SHIM_TESTS_SOC := control control-drop
-SHIM_TESTS_AR := remap buftab gate launch dag copy graph chunkgate
+SHIM_TESTS_AR := remap buftab gate launch dag copy graph chunkgate epoch
 SHIM_TEST_BIN := $(SHIM_TESTS_SO:%=$(BUILD)/tests/unit-shim-%) $(SHIM_TESTS_AR:%=$(BUILD)/tests/unit-shim-%) \
 	$(SHIM_TESTS_SOC:%=$(BUILD)/tests/unit-shim-%)
 
@@ -103,6 +103,8 @@ $(SHIM_TESTS_AR:%=$(BUILD)/tests/unit-shim-%): $(BUILD)/tests/unit-shim-%: tests
 	@mkdir -p $(@D)
 	$(CC) $(SHIM_TEST_CFLAGS) -D__CUDA_API_VERSION_INTERNAL -o $@ $< $(SHIM_ARCHIVE) $(COMMON_LIB) \
 		$(LDFLAGS) -ldl -lpthread
+
+$(BUILD)/tests/unit-shim-epoch: tests/unit/fakegpucrd.h
 
 TESTS += $(SHIM_TEST_BIN)
 

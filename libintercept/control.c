@@ -52,6 +52,7 @@
 #include "buftab.h"
 #include "chunkgate.h"
 #include "control.h"
+#include "epoch.h"
 #include "frame.h"
 #include "gate.h"
 #include "msg.h"
@@ -517,6 +518,10 @@ static void do_quiesce(uint64_t id, const Gpucr__Quiesce *q)
 		reply(id, 0, NULL, NULL); /* already */
 		return;
 	}
+	/* A new cut: the save epoch of the last one (if gpucrd has not ended
+	 * it) must not hold calls that the drain below waits for, nor outlive
+	 * the checkpoint it was for. */
+	epoch_cut();
 	man = usage_of(BUF_MANAGED);
 	if (man.n) {
 		reply(id, -EBUSY, NULL,
@@ -668,9 +673,16 @@ static void do_remap(uint64_t id, const Gpucr__Remap *rm, int *fds, unsigned nfd
 	reply(id, 0, NULL, NULL);
 }
 
-static void do_resume(uint64_t id)
+/* Resume{save_epoch}: the epoch begins before the gate opens, so that no
+ * call passes between them unchecked (chunkgate.h). When it cannot begin
+ * the gate stays closed: gpucrd finishes its image and sends a plain
+ * Resume. */
+static void do_resume(uint64_t id, const Gpucr__Resume *rs)
 {
+	bool save = rs && rs->has_save_epoch && rs->save_epoch;
 	size_t total, mapped;
+	char what[256];
+	int err;
 
 	if (ctl.state == ST_RELEASED) {
 		total = alloc_chunk_count(&mapped);
@@ -681,18 +693,64 @@ static void do_resume(uint64_t id)
 			return;
 		}
 	}
+	if (save && ctl.state == ST_RUNNING) {
+		reply(id, -EINVAL, NULL,
+		      "resume: a save epoch starts from a quiesced process; this one runs%s",
+		      epoch_is_open() ? " (in a save epoch already)" : "");
+		return;
+	}
+	if (save && epoch_all_saved()) {
+		pr_debug("resume: gpucrd saved everything already; no save epoch\n");
+		save = false;
+	}
+	if (save) {
+		err = epoch_begin(what, sizeof(what));
+		if (err) {
+			reply(id, err, NULL, "resume: cannot begin the save epoch: %s; the gate stays closed",
+			      what);
+			return;
+		}
+	}
 	if (ctl.state != ST_RUNNING) {
 		gate_open();
-		pr_info("resumed\n");
+		pr_info("resumed%s\n", save ? " in a save epoch" : "");
 	}
 	ctl.state = ST_RUNNING;
 	reply(id, 0, NULL, NULL);
+}
+
+/* Always answered OK: ranges saved outside an epoch are kept for the next
+ * one (epoch.h), or are stale (the process runs; the epoch ended). */
+static void do_chunks_saved(uint64_t id, const Gpucr__ChunksSaved *cs)
+{
+	if (cs && (epoch_is_open() || ctl.state != ST_RUNNING))
+		epoch_saved(cs);
+	reply(id, 0, NULL, NULL);
+}
+
+/* Asks gpucrd for the chunks the gate's waiting calls need, in one
+ * ChunksWanted; the reply is not waited for (handle() drops replies). */
+static int send_chunks_wanted(void)
+{
+	Gpucr__ChunksWanted cw;
+	Gpucr__Msg m = GPUCR__MSG__INIT;
+
+	if (!epoch_wanted(&cw))
+		return 0;
+	pr_debug("chunks_wanted: %zu range(s)%s\n", cw.n_ranges, cw.has_all && cw.all ? ", all" : "");
+	m.has_id = true;
+	m.id = ++ctl.next_id;
+	m.body_case = GPUCR__MSG__BODY_CHUNKS_WANTED;
+	m.chunks_wanted = &cw;
+	return send_msg(&m, NULL, 0);
 }
 
 /* ---- the connection ----------------------------------------------------- */
 
 static void disconnect(void)
 {
+	/* No daemon saves for us any more: nobody may wait for it. */
+	epoch_end("the connection to gpucrd closed");
 	__atomic_store_n(&ctl.connected, 0, __ATOMIC_RELEASE);
 	if (ctl.sock >= 0)
 		close(ctl.sock);
@@ -707,6 +765,7 @@ static void connection_lost(int err)
 	disconnect();
 	switch (ctl.state) {
 	case ST_QUIESCED:
+		epoch_cut(); /* the cut is abandoned: what was saved of it means nothing */
 		gate_open();
 		ctl.state = ST_RUNNING;
 		if (!warned) {
@@ -738,8 +797,8 @@ static bool handle(Gpucr__Msg *m, int *fds, unsigned nfds)
 	unsigned i;
 
 	pr_debug("gpucrd: %s (id %llu, %u fds)\n", msg_body_name(m), (unsigned long long)id, nfds);
-	if (!id) {
-		/* A reply or a notice: the shim sends no requests after Hello. */
+	if (!id || (m->has_reply_to && m->reply_to)) {
+		/* A reply (to ChunksWanted: nothing waits for it) or a notice. */
 		for (i = 0; i < nfds; i++)
 			close(fds[i]);
 		return true;
@@ -758,7 +817,10 @@ static bool handle(Gpucr__Msg *m, int *fds, unsigned nfds)
 		keep = !do_release(id);
 		break;
 	case GPUCR__MSG__BODY_RESUME:
-		do_resume(id);
+		do_resume(id, m->resume);
+		break;
+	case GPUCR__MSG__BODY_CHUNKS_SAVED:
+		do_chunks_saved(id, m->chunks_saved);
 		break;
 	default:
 		reply(id, -EOPNOTSUPP, NULL, "gpucr's shim does not handle %s requests", msg_body_name(m));
@@ -835,6 +897,7 @@ static int try_connect(void)
 			       "the gate opens and CUDA work touching that memory fails\n",
 			       r->err_msg ? r->err_msg : gpucr_strerror(err));
 			ctl.state = ST_RUNNING;
+			epoch_cut();
 			gate_open();
 		} else {
 			pr_debug("gpucrd refused hello: %s\n", r->err_msg ? r->err_msg : gpucr_strerror(err));
@@ -875,16 +938,17 @@ static void serve(void)
 	int fds[FRAME_MAX_FDS];
 
 	while (ctl.sock >= 0) {
-		struct pollfd pfd[2] = {
+		struct pollfd pfd[3] = {
 			{ .fd = ctl.sock, .events = POLLIN },
 			{ .fd = ctl.kickfd, .events = POLLIN },
+			{ .fd = epoch_request_fd(), .events = POLLIN }, /* -1: ignored */
 		};
 		Gpucr__Msg *m = NULL;
 		unsigned nfds = 0;
 		uint64_t v;
 		int err;
 
-		if (poll(pfd, 2, -1) < 0) {
+		if (poll(pfd, 3, -1) < 0) {
 			if (errno != EINTR) {
 				connection_lost(-errno);
 				return;
@@ -898,6 +962,13 @@ static void serve(void)
 			__atomic_store_n(&ctl.kicked, 0, __ATOMIC_SEQ_CST);
 			err = flush_changes();
 			if (err && !flush_err_is_local(err)) {
+				connection_lost(err);
+				return;
+			}
+		}
+		if (pfd[2].revents & POLLIN) {
+			err = send_chunks_wanted();
+			if (err) {
 				connection_lost(err);
 				return;
 			}
@@ -963,6 +1034,7 @@ static void control_atfork_child(void)
 	 * the parent's connection is not ours to use. */
 	gate_reset_after_fork();
 	chunk_gate_reset_after_fork();
+	epoch_reset_after_fork();
 	if (ctl.sock >= 0)
 		close(ctl.sock);
 	if (ctl.kickfd >= 0)

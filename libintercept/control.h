@@ -6,7 +6,12 @@
  * sock_default_path() ($GPUCR_SOCKET or /run/gpucr/gpucrd.sock), says Hello
  * (with its thread id, the one the CRIU plugin wakes), reports every chunk
  * of gpucr's device memory (BufferAdd with the chunk's fd, BufferFree) and
- * obeys the daemon's quiesce, release, remap and resume. Without a daemon
+ * obeys the daemon's quiesce, release, remap and resume. Resume{save_epoch}
+ * (a concurrent checkpoint) runs the process in a save epoch (epoch.h):
+ * calls that would write chunks gpucrd has not saved wait at the per-chunk
+ * gate, the thread asks gpucrd for them (ChunksWanted) and lets them go as
+ * gpucrd says they are saved (ChunksSaved); a new quiesce or the connection
+ * closing ends the epoch and lets every call go. Without a daemon
  * the application runs as if gpucr were not there, and the thread tries
  * again every 2 s.
  *

@@ -47,6 +47,10 @@ struct fdd {
 	size_t nbufs;
 	uint64_t freed[FDD_MAX_BUFS];
 	size_t nfreed;
+	/* Called by fdd_request for each other message that arrives while it
+	 * waits for its reply (requests from the shim: ChunksWanted); NULL:
+	 * they are dropped. m is freed after. */
+	void (*other)(struct fdd *d, Gpucr__Msg *m);
 };
 
 static inline void fdd_init(struct fdd *d)
@@ -295,6 +299,8 @@ static inline int fdd_request(struct fdd *d, Gpucr__Msg *m, const int *fds, unsi
 				msg_free(r);
 			return err;
 		}
+		if (d->other)
+			d->other(d, r);
 		msg_free(r);
 	}
 }
@@ -321,14 +327,22 @@ static inline int fdd_release(struct fdd *d)
 	return fdd_request(d, &m, NULL, 0, 10000, NULL);
 }
 
-static inline int fdd_resume(struct fdd *d)
+/* Resume, in a save epoch when save_epoch is set. */
+static inline int fdd_resume_epoch(struct fdd *d, bool save_epoch, Gpucr__Msg **ret)
 {
 	Gpucr__Resume res = GPUCR__RESUME__INIT;
 	Gpucr__Msg m = GPUCR__MSG__INIT;
 
+	res.has_save_epoch = save_epoch;
+	res.save_epoch = save_epoch;
 	m.body_case = GPUCR__MSG__BODY_RESUME;
 	m.resume = &res;
-	return fdd_request(d, &m, NULL, 0, 10000, NULL);
+	return fdd_request(d, &m, NULL, 0, 10000, ret);
+}
+
+static inline int fdd_resume(struct fdd *d)
+{
+	return fdd_resume_epoch(d, false, NULL);
 }
 
 /* Remap of bufs[first .. first+n) with these fds (one per buffer). */

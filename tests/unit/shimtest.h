@@ -41,6 +41,19 @@ static inline CUcontext shim_test_start(unsigned int seconds)
 	return ctx;
 }
 
+/* A fake kernel, fill(int *p, int v, int n): p[0 .. n) = v. Registered
+ * with three parameters of pointer, int and int size. */
+static inline void shim_fill_kernel(void **params, unsigned grid[3], unsigned block[3])
+{
+	int *p = *(int **)params[0];
+	int v = *(int *)params[1], n = *(int *)params[2];
+
+	(void)grid;
+	(void)block;
+	for (int i = 0; i < n; i++)
+		p[i] = v;
+}
+
 /* 1 when addr lies in a readable mapping of this process, else 0. */
 static inline int readable(CUdeviceptr addr)
 {

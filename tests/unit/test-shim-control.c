@@ -99,17 +99,6 @@ static int done[3];
 static CUresult results[3];
 static unsigned char small_src[1000];
 
-static void fill_kernel(void **params, unsigned grid[3], unsigned block[3])
-{
-	int *p = *(int **)params[0];
-	int v = *(int *)params[1], n = *(int *)params[2];
-
-	(void)grid;
-	(void)block;
-	for (int i = 0; i < n; i++)
-		p[i] = v;
-}
-
 static void ready(void)
 {
 	REQUIRE(cuCtxSetCurrent(ctx) == CUDA_SUCCESS);
@@ -220,7 +209,7 @@ int main(void)
 	/* ---- BufferAdd / BufferFree ---- */
 	reg = (int (*)(const char *, fakecuda_kernel_fn, int, const size_t *))fakecuda_sym(
 		"fakecuda_register_kernel");
-	REQUIRE(reg && reg("fill", fill_kernel, 3, fill_sizes) == 0);
+	REQUIRE(reg && reg("fill", shim_fill_kernel, 3, fill_sizes) == 0);
 	REQUIRE(cuDeviceGet(&dev, 0) == CUDA_SUCCESS);
 	REQUIRE(cuDevicePrimaryCtxRetain(&ctx, dev) == CUDA_SUCCESS);
 	REQUIRE(cuCtxSetCurrent(ctx) == CUDA_SUCCESS);

@@ -95,18 +95,6 @@ static int done[4];
 static CUresult results[4];
 static int errno_after[4];
 
-/* fill(int *p, int v, int n) */
-static void fill_kernel(void **params, unsigned grid[3], unsigned block[3])
-{
-	int *p = *(int **)params[0];
-	int v = *(int *)params[1], n = *(int *)params[2];
-
-	(void)grid;
-	(void)block;
-	for (int i = 0; i < n; i++)
-		p[i] = v;
-}
-
 static void *t_launch(void *arg)
 {
 	int v = 7, n = 256;
@@ -227,7 +215,7 @@ int main(void)
 	reg = (int (*)(const char *, fakecuda_kernel_fn, int, const size_t *))fakecuda_sym(
 		"fakecuda_register_kernel");
 	REQUIRE(reg);
-	REQUIRE(reg("fill", fill_kernel, 3, fill_sizes) == 0);
+	REQUIRE(reg("fill", shim_fill_kernel, 3, fill_sizes) == 0);
 	REQUIRE(cuDeviceGet(&dev, 0) == CUDA_SUCCESS);
 	REQUIRE(cuDevicePrimaryCtxRetain(&ctx, dev) == CUDA_SUCCESS);
 	REQUIRE(cuCtxSetCurrent(ctx) == CUDA_SUCCESS);

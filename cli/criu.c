@@ -194,7 +194,7 @@ static int wait_images(const char *dir, double t0)
 {
 	uint32_t pids[256];
 	uint64_t done, total;
-	int bad = 0, tty = isatty(STDERR_FILENO), shown = 0, writing;
+	int bad = 0, stale = 0, tty = isatty(STDERR_FILENO), shown = 0, writing;
 	double start = now(), last = 0;
 	char real[PATH_MAX];
 	size_t n, i;
@@ -226,13 +226,15 @@ static int wait_images(const char *dir, double t0)
 			fprintf(stderr, "gpucr dump: pid %u: the GPU image was not written: %s\n", pids[i],
 				wr && wr->err_msg ? wr->err_msg : "gpucrd did not answer");
 			bad++;
+			if (wr && wr->err == -ESTALE)
+				stale++;
 		} else {
 			printf("gpucr dump: GPU image of pid %u complete %.2f s after the dump started\n", pids[i],
 			       now() - t0);
 		}
 		msg_free(wr);
 	}
-	return bad ? -EIO : 0;
+	return stale ? -ESTALE : bad ? -EIO : 0;
 }
 
 /* One dump of pid's tree into dir (created if missing) with CRIU and
@@ -293,7 +295,17 @@ int cli_dump(long pid, const char *dir, int leave, const char *criu_given, char 
 	}
 	printf("gpucr dump: pid %ld dumped into %s in %.2f s%s\n", pid, dir, t1 - t0,
 	       leave ? " (left running)" : "");
-	if (wait_images(dir, t0) < 0)
+	r = wait_images(dir, t0);
+	if (r == -ESTALE && leave && !(getenv("GPUCR_CONCURRENT") && !strcmp(getenv("GPUCR_CONCURRENT"), "0"))) {
+		/* The process ran while its memory was saved, and a write
+		 * escaped prediction: again, with it stopped until saved. */
+		fprintf(stderr, "gpucr dump: retrying with the process stopped until its GPU memory is saved\n");
+		setenv("GPUCR_CONCURRENT", "0", 1);
+		r = cli_dump(pid, dir, leave, criu_given, extra, nextra, res);
+		unsetenv("GPUCR_CONCURRENT");
+		return r;
+	}
+	if (r < 0)
 		return CLI_FAIL;
 	res->total_s = now() - t0;
 	image_summary(dir);

@@ -210,6 +210,8 @@ static int wake(int pid)
 
 /* ---- dump ---------------------------------------------------------------- */
 
+static int leave_running(void);
+
 static int pause_attached(int pid)
 {
 	Gpucr__Msg m = GPUCR__MSG__INIT, *rep = NULL;
@@ -225,6 +227,12 @@ static int pause_attached(int pid)
 	dr.pid = (uint32_t)pid;
 	dr.has_timeout_ms = 1;
 	dr.timeout_ms = lock_timeout_ms();
+	dr.has_leave_running = 1;
+	dr.leave_running = leave_running();
+	/* Left running: it runs again as soon as CRIU is done, while gpucrd
+	 * saves its memory (GPUCR_CONCURRENT=0: it waits for its image). */
+	dr.has_concurrent = 1;
+	dr.concurrent = dr.leave_running && !(getenv("GPUCR_CONCURRENT") && !strcmp(getenv("GPUCR_CONCURRENT"), "0"));
 	m.body_case = GPUCR__MSG__BODY_DUMP;
 	m.dump = &dr;
 	r = call_simple(&m, dirfd, "taking its GPU memory over", pid, &rep);

@@ -9,10 +9,19 @@
  *   -> write the image in the background, from the daemon's own mappings
  *   -> DumpWait waiters are answered when the image is complete.
  *
+ * A concurrent dump (leave-running, DumpRequest.concurrent) lets the process
+ * map its memory back and run as soon as the fingerprints at T are taken,
+ * in a save epoch: its calls that may write a chunk not yet saved wait in
+ * its shim until gpucrd says the chunk is saved (ChunksSaved); the chunks
+ * they wait for are saved first (ChunksWanted); every chunk saved is checked
+ * against its fingerprint at T, and a mismatch (a write that escaped
+ * prediction) fails the image with -ESTALE.
+ *
  * Any failure before the release puts the process back as it was (resume).
  * The memory stays held by the daemon after the image is written (retention)
  * until a restore hands it back or the user drops it. */
 #include <errno.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <fcntl.h>
@@ -39,6 +48,23 @@ struct waiter {
 	struct waiter *next;
 };
 
+struct range {
+	uint64_t va, len;
+};
+
+/* What a concurrent dump's image writer tells the event loop. */
+struct concurrent {
+	uv_async_t async;
+	pthread_mutex_t lock;
+	int fp_ready;
+	struct range *saved;        /* every range saved so far, in order */
+	size_t nsaved, capsaved, sent;
+	struct range *wanted;       /* the shim's requests, a queue */
+	size_t nwanted, capwanted, head;
+	struct img_hooks hooks;
+	int resume_at_end;          /* the shim refused the epoch: plain Resume when written */
+};
+
 struct dump_op {
 	struct daemon *d;
 	struct proc *p;
@@ -55,6 +81,7 @@ struct dump_op {
 	struct img_stats st;
 	struct waiter *waiters;
 	int gone;                   /* the process went away mid-dump */
+	struct concurrent *cc;      /* a concurrent dump, or NULL */
 };
 
 static void answer_requester(struct dump_op *op)
@@ -108,12 +135,26 @@ static void answer_waiters(struct dump_op *op)
 	}
 }
 
+static void cc_closed(uv_handle_t *h)
+{
+	struct concurrent *cc = h->data;
+
+	pthread_mutex_destroy(&cc->lock);
+	free(cc->saved);
+	free(cc->wanted);
+	free(cc);
+}
+
 static void op_free(struct dump_op *op)
 {
 	if (op->p && op->p->dump == op)
 		op->p->dump = NULL;
 	if (op->dirfd >= 0)
 		close(op->dirfd);
+	if (op->cc) {
+		op->cc->async.data = op->cc;
+		uv_close((uv_handle_t *)&op->cc->async, cc_closed);
+	}
 	free(op);
 }
 
@@ -158,6 +199,238 @@ static void fail_early(struct dump_op *op, int err, const char *fmt, ...)
 	op_finish(op);
 }
 
+/* ---- concurrent dumps --------------------------------------------------- */
+
+static int range_push(struct range **v, size_t *n, size_t *cap, uint64_t va, uint64_t len)
+{
+	if (*n && (*v)[*n - 1].va + (*v)[*n - 1].len == va) {
+		(*v)[*n - 1].len += len; /* adjacent: one range */
+		return 0;
+	}
+	if (*n == *cap) {
+		size_t nc = *cap ? *cap * 2 : 64;
+		struct range *nv = realloc(*v, nc * sizeof(**v));
+
+		if (!nv)
+			return -ENOMEM;
+		*v = nv;
+		*cap = nc;
+	}
+	(*v)[(*n)++] = (struct range){ va, len };
+	return 0;
+}
+
+/* Worker side (imgio's hooks). */
+static void hook_fingerprinted(void *data)
+{
+	struct concurrent *cc = data;
+
+	__atomic_store_n(&cc->fp_ready, 1, __ATOMIC_RELEASE);
+	uv_async_send(&cc->async);
+}
+
+static void hook_saved(void *data, uint64_t va, uint64_t len)
+{
+	struct concurrent *cc = data;
+
+	pthread_mutex_lock(&cc->lock);
+	/* Out of memory here loses only the early notice: ChunksSaved{all}
+	 * comes at the end anyway. */
+	range_push(&cc->saved, &cc->nsaved, &cc->capsaved, va, len);
+	pthread_mutex_unlock(&cc->lock);
+	uv_async_send(&cc->async);
+}
+
+static int hook_wanted(void *data, uint64_t *va, uint64_t *len)
+{
+	struct concurrent *cc = data;
+	int r = 0;
+
+	pthread_mutex_lock(&cc->lock);
+	if (cc->head < cc->nwanted) {
+		*va = cc->wanted[cc->head].va;
+		*len = cc->wanted[cc->head].len;
+		cc->head++;
+		r = 1;
+	}
+	if (cc->head == cc->nwanted)
+		cc->head = cc->nwanted = 0;
+	pthread_mutex_unlock(&cc->lock);
+	return r;
+}
+
+static void on_saved_reply(struct conn *c, Gpucr__Msg *rep, int *fds, unsigned nfds, void *data)
+{
+	(void)c;
+	(void)fds;
+	(void)nfds;
+	(void)data;
+	if (rep && rep->err)
+		pr_warn("ChunksSaved refused by the process: %s", rep->err_msg ? rep->err_msg : gpucr_strerror(rep->err));
+}
+
+/* Tells the shim which ranges are saved (all: the epoch is over). */
+static void send_saved(struct proc *p, const struct range *v, size_t n, int all)
+{
+	Gpucr__Msg m = GPUCR__MSG__INIT;
+	Gpucr__ChunksSaved cs = GPUCR__CHUNKS_SAVED__INIT;
+	Gpucr__ChunkRange *rs = NULL, **rp = NULL;
+	size_t i;
+
+	if (!p->shim)
+		return;
+	if (n) {
+		rs = calloc(n, sizeof(*rs));
+		rp = calloc(n, sizeof(*rp));
+		if (!rs || !rp) {
+			/* Only the early notice is lost: ChunksSaved{all} ends the epoch. */
+			free(rs);
+			free(rp);
+			return;
+		}
+	}
+	for (i = 0; i < n; i++) {
+		gpucr__chunk_range__init(&rs[i]);
+		rs[i].va = v[i].va;
+		rs[i].len = v[i].len;
+		rp[i] = &rs[i];
+	}
+	cs.n_ranges = n;
+	cs.ranges = rp;
+	cs.has_all = all;
+	cs.all = all;
+	m.body_case = GPUCR__MSG__BODY_CHUNKS_SAVED;
+	m.chunks_saved = &cs;
+	conn_request(p->shim, &m, NULL, 0, on_saved_reply, NULL);
+	free(rs);
+	free(rp);
+}
+
+/* Sends what was saved since the last time, once the shim runs in the epoch. */
+static void flush_saved(struct dump_op *op)
+{
+	struct concurrent *cc = op->cc;
+	struct range *v = NULL;
+	size_t n = 0;
+
+	if (!op->p || op->p->save_epoch != 2)
+		return;
+	pthread_mutex_lock(&cc->lock);
+	if (cc->sent < cc->nsaved) {
+		n = cc->nsaved - cc->sent;
+		v = malloc(n * sizeof(*v));
+		if (v)
+			memcpy(v, cc->saved + cc->sent, n * sizeof(*v));
+		cc->sent = cc->nsaved;
+	}
+	pthread_mutex_unlock(&cc->lock);
+	if (v)
+		send_saved(op->p, v, n, 0);
+	free(v);
+}
+
+/* Event loop side: the writer has news. */
+static void on_cc_async(uv_async_t *h)
+{
+	struct dump_op *op = h->data;
+	struct proc *p = op->p;
+
+	if (!p)
+		return;
+	if (__atomic_load_n(&op->cc->fp_ready, __ATOMIC_ACQUIRE) && p->remap_waiting) {
+		/* It came back before the fingerprints were taken. */
+		struct conn *w = p->remap_waiting;
+
+		p->remap_waiting = NULL;
+		if (conn_is_open(w) && p->shim == w)
+			restore_shim_reattached(op->d, p, w);
+		conn_put(w);
+	}
+	flush_saved(op);
+}
+
+int dump_remap_now(struct proc *p)
+{
+	return p->dump && p->dump->cc && p->dump->phase == PH_WRITING &&
+	       __atomic_load_n(&p->dump->cc->fp_ready, __ATOMIC_ACQUIRE);
+}
+
+int dump_allows_reattach(struct proc *p)
+{
+	return p->dump && p->dump->cc && p->dump->phase == PH_WRITING && p->dump_woken;
+}
+
+int dump_resume_save_epoch(struct proc *p)
+{
+	if (!dump_remap_now(p))
+		return 0;
+	p->save_epoch = 1;
+	return 1;
+}
+
+void dump_save_epoch_answered(struct proc *p, int ok)
+{
+	if (p->save_epoch != 1)
+		return;
+	if (!ok) {
+		/* The shim kept its gate closed: it waits for the image. */
+		p->save_epoch = 0;
+		if (p->dump && p->dump->cc)
+			p->dump->cc->resume_at_end = 1;
+		else
+			send_resume(p);
+		return;
+	}
+	if (!p->dump) {
+		/* The image was done first; ChunksSaved{all} is already on its way. */
+		p->save_epoch = 0;
+		return;
+	}
+	p->save_epoch = 2;
+	pr_info("pid %d (%s): running again while its GPU memory is saved", (int)p->pid, p->comm);
+	flush_saved(p->dump);
+}
+
+int dump_chunks_wanted(struct proc *p, struct conn *c, const Gpucr__Msg *req)
+{
+	const Gpucr__ChunksWanted *cw = req->chunks_wanted;
+	uint64_t id = req->has_id ? req->id : 0;
+	size_t i;
+
+	if (!p || c != p->shim)
+		return conn_reply_err(c, id, -EPERM, "chunks_wanted is for attached processes only");
+	if (p->dump && p->dump->cc) {
+		struct concurrent *cc = p->dump->cc;
+
+		pthread_mutex_lock(&cc->lock);
+		for (i = 0; i < cw->n_ranges; i++)
+			range_push(&cc->wanted, &cc->nwanted, &cc->capwanted, cw->ranges[i]->va, cw->ranges[i]->len);
+		pthread_mutex_unlock(&cc->lock);
+	}
+	return conn_reply(c, id, NULL, NULL, 0);
+}
+
+static int cc_start(struct dump_op *op)
+{
+	struct concurrent *cc = calloc(1, sizeof(*cc));
+
+	if (!cc)
+		return -ENOMEM;
+	if (uv_async_init(op->d->loop, &cc->async, on_cc_async) < 0) {
+		free(cc);
+		return -ENOMEM;
+	}
+	cc->async.data = op;
+	pthread_mutex_init(&cc->lock, NULL);
+	cc->hooks.data = cc;
+	cc->hooks.fingerprinted = hook_fingerprinted;
+	cc->hooks.saved = hook_saved;
+	cc->hooks.wanted = hook_wanted;
+	op->cc = cc;
+	op->st.hooks = &cc->hooks;
+	return 0;
+}
+
 static void write_work(void *data)
 {
 	struct dump_op *op = data;
@@ -180,6 +453,8 @@ static void write_done(void *data, int status)
 	p->busy--;
 	if (op->err) {
 		pr_err("pid %d: the GPU image was not written: %s", (int)op->pid, op->msg);
+		p->dump_err = op->err;
+		snprintf(p->dump_msg, sizeof(p->dump_msg), "%.500s", op->msg);
 	} else {
 		pr_info("pid %d (%s): GPU image written: %llu MiB of %llu MiB stored in %.2f s (%.1f GB/s)",
 			(int)op->pid, p->comm, (unsigned long long)(op->st.stored >> 20),
@@ -191,6 +466,18 @@ static void write_done(void *data, int status)
 		p->t_dumped = now_ns();
 	}
 	op->phase = PH_DONE;
+	if (op->cc) {
+		/* The epoch is over, saved or not: no call may wait any longer. */
+		if (p->save_epoch) {
+			flush_saved(op);
+			send_saved(p, NULL, 0, 1);
+			p->save_epoch = 0;
+		}
+		if (op->cc->resume_at_end)
+			send_resume(p);
+		if (op->err == -ESTALE)
+			pr_warn("pid %d (%s): %s", (int)op->pid, p->comm, op->msg);
+	}
 	waiting = p->remap_waiting;
 	p->remap_waiting = NULL;
 	op_d = op->d;
@@ -366,8 +653,12 @@ int dump_start(struct daemon *d, struct conn *c, const Gpucr__Msg *req, int dirf
 	op->req_conn = c;
 	op->req_id = id;
 	op->t_start = now_ns();
+	if (dr->has_concurrent && dr->concurrent && dr->has_leave_running && dr->leave_running && cc_start(op) < 0)
+		pr_warn("pid %d: no concurrent dump (out of memory); it waits for its image", (int)p->pid);
 	conn_hold(c);
 	p->dump = op;
+	p->dump_woken = 0;
+	p->dump_err = 0;
 	p->image_done = 0;
 	p->io_done = p->io_total = 0;
 	p->image_dir[0] = 0;
@@ -407,6 +698,8 @@ int dump_wait(struct daemon *d, struct conn *c, const Gpucr__Msg *req)
 	if (!p || !registry_may_act(conn_uid(c), p))
 		return conn_reply_err(c, id, -ESRCH, "pid %u: not known to gpucrd", req->dump_wait->pid);
 	if (!p->dump) {
+		if (p->dump_err)
+			return conn_reply_err(c, id, p->dump_err, "%s", p->dump_msg);
 		if (!p->image_done)
 			return conn_reply_err(c, id, -ENOENT,
 					      "pid %u: no dump in progress and no complete image", req->dump_wait->pid);

@@ -60,6 +60,10 @@ struct proc {
 	/* progress of the image being written, updated by the worker */
 	uint64_t io_done, io_total;
 	uint64_t t_dumped;          /* when its last image was completed */
+	int save_epoch;             /* 1: Resume{save_epoch} sent, 2: the shim runs in it */
+	int dump_woken;             /* the plugin's Wake came during this dump: CRIU is done */
+	int dump_err;               /* how its last dump's image failed (0: it did not) */
+	char dump_msg[512];
 	struct proc *next;
 };
 
@@ -103,6 +107,17 @@ int daemon_queue_work(struct daemon *d, void (*fn)(void *), void (*done)(void *,
 int dump_start(struct daemon *d, struct conn *c, const Gpucr__Msg *req, int dirfd);
 int dump_wait(struct daemon *d, struct conn *c, const Gpucr__Msg *req);
 void dump_proc_gone(struct daemon *d, struct proc *p);
+/* Concurrent checkpoints: may the process map its memory back now (its
+ * dump is concurrent and the fingerprints at T are taken)? */
+int dump_remap_now(struct proc *p);
+/* May p's shim reconnect although its dump is still writing (concurrent)? */
+int dump_allows_reattach(struct proc *p);
+/* The Resume to send p starts a save epoch (marks it). */
+int dump_resume_save_epoch(struct proc *p);
+/* The shim answered a save-epoch Resume (ok or not). */
+void dump_save_epoch_answered(struct proc *p, int ok);
+/* ChunksWanted from p's shim. */
+int dump_chunks_wanted(struct proc *p, struct conn *c, const Gpucr__Msg *req);
 
 /* restore.c */
 int restore_start(struct daemon *d, struct conn *c, const Gpucr__Msg *req, int dirfd);
@@ -117,8 +132,22 @@ int wake_proc(struct daemon *d, struct conn *c, const Gpucr__Msg *req);
 /* imgio.c: runs on worker threads. */
 /* Callers zero it (or point progress_* at counters to be updated as the
  * data moves); imgio fills in the rest. */
+/* A concurrent checkpoint's view of an image write (imgio_write, from its
+ * worker threads): the process runs meanwhile, so the writer says when the
+ * fingerprints at T are taken and which ranges (the application's
+ * addresses) are saved, serves the ranges the process waits for first, and
+ * checks every chunk it saves against its fingerprint at T. */
+struct img_hooks {
+	void *data;
+	void (*fingerprinted)(void *data);
+	void (*saved)(void *data, uint64_t va, uint64_t len);
+	/* the next range the process waits for; 0 when none */
+	int (*wanted)(void *data, uint64_t *va, uint64_t *len);
+};
+
 struct img_stats {
 	uint64_t *progress_done, *progress_total;
+	const struct img_hooks *hooks;  /* imgio_write: a concurrent checkpoint, or NULL */
 	uint64_t bytes, stored, elapsed_ns;
 	uint32_t control_tid, uid;      /* imgio_read: from the image header */
 	char comm[64];

@@ -44,6 +44,8 @@ struct run {
 	uint64_t file_off;
 	uint64_t len;
 	unsigned file;
+	const Gpucr__Chunk *chunks; /* a concurrent write: the run's chunk records, to check */
+	int taken;
 };
 
 struct xfer {
@@ -62,6 +64,9 @@ struct xfer {
 	char *msg;
 	size_t msglen;
 	uint64_t *progress;     /* mirror of done for ps, or NULL */
+	const struct img_hooks *hooks;  /* a concurrent checkpoint, or NULL */
+	uint64_t chunk;         /* chunk size, for checking (hooks) */
+	useconds_t slice_delay_us;      /* GPUCR_FI_SLICE_DELAY_MS */
 	unsigned nfiles;
 	int fds[IMG_MAX_PAGES_FILES];   /* buffered, one per pages file */
 	int dfds[IMG_MAX_PAGES_FILES];  /* O_DIRECT, or -1 */
@@ -286,19 +291,79 @@ static CUstream worker_stream(struct worker *w, struct gpu_dev *dev)
 	return w->st[o] ? w->st[o] : dev->streams[w->idx % GPU_STREAMS];
 }
 
+/* The application's address of a run's byte off. */
+static uint64_t run_va(const struct run *rn, uint64_t off)
+{
+	return rn->b->va + rn->b->phys_offset + rn->dev_off + off;
+}
+
+/* A run the process waits for, not yet taken (x->lock held). */
+static struct run *wanted_run(struct xfer *x)
+{
+	uint64_t va, len;
+	size_t i;
+
+	while (x->hooks && x->hooks->wanted && x->hooks->wanted(x->hooks->data, &va, &len)) {
+		for (i = x->next; i < x->nruns; i++) {
+			struct run *r = &x->runs[i];
+
+			if (!r->taken && run_va(r, 0) < va + len && va < run_va(r, r->len))
+				return r;
+		}
+	}
+	return NULL;
+}
+
+/* A concurrent write: the slice's chunks, now in staging, must be what they
+ * were at T; anything else is a write that escaped prediction. */
+static int slice_check(struct xfer *x, const struct slice *sl, const void *buf)
+{
+	const struct run *rn = sl->rn;
+	uint64_t off, first = rn->chunks ? rn->chunks[0].offset : 0;
+
+	if (!rn->chunks || !x->chunk)
+		return 0;
+	for (off = 0; off < sl->len; off += x->chunk) {
+		uint64_t at = rn->dev_off + sl->off + off, n = sl->len - off < x->chunk ? sl->len - off : x->chunk;
+		const Gpucr__Chunk *ch = &rn->chunks[(at - first) / x->chunk];
+
+		if (fp_chunk((const char *)buf + off, n, 0) != ch->fingerprint) {
+			set_err(x, -ESTALE,
+				"buffer 0x%" PRIx64 ": chunk at offset %" PRIu64
+				" changed while it was being saved: a GPU write escaped prediction (through a "
+				"pointer held in device memory?); this checkpoint is not valid",
+				rn->b->va, ch->offset);
+			return -ESTALE;
+		}
+	}
+	return 0;
+}
+
 /* The worker's next slice: the rest of its run, or a new run. */
 static int next_slice(struct worker *w, const struct run **rn, uint64_t *roff, struct slice *sl)
 {
 	struct xfer *x = w->x;
 
 	if (!*rn || *roff == (*rn)->len) {
+		struct run *r = NULL;
+
 		pthread_mutex_lock(&x->lock);
-		if (x->err || x->next == x->nruns) {
+		if (x->err) {
 			pthread_mutex_unlock(&x->lock);
 			return 0;
 		}
-		*rn = &x->runs[x->next++];
+		r = wanted_run(x);
+		while (!r && x->next < x->nruns) {
+			r = &x->runs[x->next++];
+			if (r->taken)
+				r = NULL;
+		}
+		if (r)
+			r->taken = 1;
 		pthread_mutex_unlock(&x->lock);
+		if (!r)
+			return 0;
+		*rn = r;
 		*roff = 0;
 	}
 	sl->rn = *rn;
@@ -343,8 +408,12 @@ static void *worker_main(void *arg)
 				break;
 			if (have_prev)
 				account(x, prev.len);
-			if (slice_wait(x, &cur) < 0)
+			if (slice_wait(x, &cur) < 0 || slice_check(x, &cur, w->stage[k]) < 0)
 				break;
+			if (x->slice_delay_us) /* fault injection for tests: a slow writer */
+				usleep(x->slice_delay_us);
+			if (x->hooks && x->hooks->saved)
+				x->hooks->saved(x->hooks->data, run_va(cur.rn, cur.off), cur.len);
 		} else {
 			if (slice_io(x, &cur, w->stage[k]) < 0)
 				break;
@@ -577,7 +646,13 @@ static int transfer(struct xfer *x)
 	x->t0 = x->last_report = now_ns();
 	for (i = 0; i < x->nruns; i++)
 		x->total += x->runs[i].len;
-	if (use_uring(x))
+	if (x->hooks && x->chunk) {
+		/* Slices of whole chunks, each checked once in staging. */
+		x->slot_size -= x->slot_size % x->chunk;
+		if (x->slot_size < x->chunk)
+			x->slot_size = x->chunk;
+	}
+	if (!x->hooks && use_uring(x))
 		xfer_uring(x);
 	else
 		xfer_parallel(x);
@@ -597,7 +672,7 @@ static int add_run(struct run **runs, size_t *n, size_t *cap, struct rbuf *b, ui
 		*runs = nr;
 		*cap = nc;
 	}
-	(*runs)[(*n)++] = (struct run){ b, dev_off, file_off, len, file };
+	(*runs)[(*n)++] = (struct run){ b, dev_off, file_off, len, file, NULL, 0 };
 	return 0;
 }
 
@@ -648,10 +723,12 @@ int imgio_write(struct proc *p, int dirfd, struct img_stats *st, char *msg, size
 
 	{
 		uint64_t *pd = st->progress_done, *pt = st->progress_total;
+		const struct img_hooks *hk = st->hooks;
 
 		memset(st, 0, sizeof(*st));
 		st->progress_done = pd;
 		st->progress_total = pt;
+		st->hooks = hk;
 	}
 	bufs = calloc(p->nbufs ? p->nbufs : 1, sizeof(*bufs));
 	recs = calloc(p->nbufs ? p->nbufs : 1, sizeof(*recs));
@@ -764,6 +841,10 @@ int imgio_write(struct proc *p, int dirfd, struct img_stats *st, char *msg, size
 			uint64_t first = c, len = 0, off, k;
 
 			if (!nz[c]) {
+				/* All zero at T: nothing to save. */
+				if (st->hooks && st->hooks->saved)
+					st->hooks->saved(st->hooks->data, b->va + b->phys_offset + br->chunks[c].offset,
+							 br->chunks[c].length);
 				c++;
 				continue;
 			}
@@ -783,6 +864,8 @@ int imgio_write(struct proc *p, int dirfd, struct img_stats *st, char *msg, size
 				br->chunks[k].file = file;
 			}
 			r = add_run(&runs, &nruns, &caprun, b, br->chunks[first].offset, file, off, len);
+			if (!r && st->hooks)
+				runs[nruns - 1].chunks = &br->chunks[first];
 			st->stored += len;
 		}
 		gpucr__buffer__init(&br->rec);
@@ -802,6 +885,8 @@ int imgio_write(struct proc *p, int dirfd, struct img_stats *st, char *msg, size
 	if (r < 0)
 		goto out;
 
+	if (st->hooks && st->hooks->fingerprinted)
+		st->hooks->fingerprinted(st->hooks->data);
 	if (st->progress_total)
 		__atomic_store_n(st->progress_total, st->stored, __ATOMIC_RELAXED);
 	/* Fault injection for tests: a slow image write. */
@@ -834,6 +919,9 @@ int imgio_write(struct proc *p, int dirfd, struct img_stats *st, char *msg, size
 	}
 	x.write = 1;
 	x.pid = p->pid;
+	x.hooks = st->hooks;
+	x.chunk = chunk;
+	x.slice_delay_us = (useconds_t)(env_u64("GPUCR_FI_SLICE_DELAY_MS", 0) * 1000);
 	x.what = "writing the GPU image";
 	x.progress = st->progress_done;
 	x.runs = runs;

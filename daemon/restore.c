@@ -362,12 +362,18 @@ static void on_resume_reply(struct conn *c, Gpucr__Msg *rep, int *fds, unsigned 
 		return; /* the process went away; registry_detach handles it */
 	if (rep->err) {
 		pr_err("pid %d: resume failed: %s", (int)p->pid, rep->err_msg ? rep->err_msg : "?");
+		dump_save_epoch_answered(p, 0);
 		return;
 	}
+	dump_save_epoch_answered(p, 1);
 	p->state = GPUCR__PROC_STATE__PROC_RUNNING;
-	pr_info("pid %d (%s): running again with %llu MiB of GPU memory in place (%.1f ms after the restore request)",
-		(int)p->pid, p->comm, (unsigned long long)(p->bytes >> 20),
-		p->t_restore ? (now_ns() - p->t_restore) / 1e6 : 0.0);
+	if (p->t_restore)
+		pr_info("pid %d (%s): running again with %llu MiB of GPU memory in place (%.1f ms after the restore "
+			"request)",
+			(int)p->pid, p->comm, (unsigned long long)(p->bytes >> 20), (now_ns() - p->t_restore) / 1e6);
+	else
+		pr_info("pid %d (%s): running again with %llu MiB of GPU memory in place", (int)p->pid, p->comm,
+			(unsigned long long)(p->bytes >> 20));
 	p->t_restore = 0;
 }
 
@@ -389,6 +395,7 @@ static void on_remap_reply(struct conn *c, Gpucr__Msg *rep, int *fds, unsigned n
 	}
 	if (--p->remaps_left > 0)
 		return;
+	rs.has_save_epoch = rs.save_epoch = dump_resume_save_epoch(p);
 	m.body_case = GPUCR__MSG__BODY_RESUME;
 	m.resume = &rs;
 	conn_request(c, &m, NULL, 0, on_resume_reply, p);
@@ -408,10 +415,12 @@ void restore_shim_reattached(struct daemon *d, struct proc *p, struct conn *c)
 			(int)p->pid);
 		return;
 	}
-	if (p->dump) {
+	if (p->dump && !dump_remap_now(p)) {
 		/* The image is still being written from this memory (a restore
 		 * right after a dump whose image is written in the background):
-		 * hand it back only when that is done (dump.c calls us again). */
+		 * hand it back only when that is done (dump.c calls us again);
+		 * a concurrent dump's process gets it back once the fingerprints
+		 * at T are taken, and runs in a save epoch. */
 		p->remap_waiting = c;
 		conn_hold(c);
 		return;

@@ -185,7 +185,8 @@ static int on_hello(struct conn *c, Gpucr__Msg *req)
 		struct proc *old = registry_find(c->d, c->cred.pid);
 		int restored = h->has_restored && h->restored;
 
-		if (restored && old && old->dump && old->state != GPUCR__PROC_STATE__PROC_RESTORING) {
+		if (restored && old && old->dump && old->state != GPUCR__PROC_STATE__PROC_RESTORING &&
+		    !dump_allows_reattach(old)) {
 			/* Its dump still runs: a connection now could be caught
 			 * by CRIU's freeze, and the image is not complete. */
 			c->hello_done = 0;
@@ -390,6 +391,8 @@ static int dispatch(struct conn *c, Gpucr__Msg *req, int *fds, unsigned nfds)
 		return driver_op(c->d, c, req);
 	case GPUCR__MSG__BODY_WAKE:
 		return wake_proc(c->d, c, req);
+	case GPUCR__MSG__BODY_CHUNKS_WANTED:
+		return dump_chunks_wanted(c->role == GPUCR__ROLE__ROLE_SHIM ? c->proc : NULL, c, req);
 	default:
 		return reply_err(c, req, -EOPNOTSUPP, "gpucrd %s does not handle '%s' requests",
 				 GPUCR_VERSION, msg_body_name(req));

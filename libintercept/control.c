@@ -557,6 +557,22 @@ static void do_quiesce(uint64_t id, const Gpucr__Quiesce *q)
 }
 
 /* Returns true when the connection is to be closed (memory released). */
+/* A wake signal still pending from an earlier dump (it came after this
+ * thread had already reconnected on its own) must not end the wait of this
+ * one: taken right after the release, before CRIU runs, it would reconnect
+ * while CRIU dumps the process (CRIU then finds a socket to gpucrd open).
+ * The wake for this dump comes only after CRIU is done. */
+static void drain_wake(void)
+{
+	struct timespec zero = { 0, 0 };
+	sigset_t set;
+
+	sigemptyset(&set);
+	sigaddset(&set, ctl.wake_sig);
+	while (sigtimedwait(&set, NULL, &zero) == ctl.wake_sig)
+		pr_debug("dropped a stale wake signal\n");
+}
+
 static bool do_release(uint64_t id)
 {
 	size_t total, mapped;
@@ -587,6 +603,7 @@ static bool do_release(uint64_t id)
 		return false;
 	}
 	ctl.state = ST_RELEASED;
+	drain_wake();
 	pr_info("released %zu chunk(s) of device memory; waiting for signal %d to thread %d, "
 		"or reconnecting in %d ms\n",
 		total, ctl.wake_sig, (int)ctl.tid, ctl.retry_ms ? ctl.retry_ms : CTL_RETRY_RELEASED_MS);

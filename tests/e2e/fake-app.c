@@ -8,7 +8,11 @@
  * Appends "step K SUM" to OUT every step (20 ms apart), "done" at the end.
  * With CHILDREN > 0 it forks that many plain (non-CUDA) worker children
  * first, which just sleep, like a dataloader's workers. A run that was
- * dumped, killed and restored must write the same file as one that was not. */
+ * dumped, killed and restored must write the same file as one that was not.
+ *
+ * FAKE_APP_ESCAPE=1 adds, first in every step, a kernel whose only parameter
+ * is a small buffer holding the addresses of the big buffers, which it
+ * writes through those pointers: writes no launch decoding can predict. */
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -42,6 +46,23 @@ static void step_kernel(void **params, unsigned grid[3], unsigned block[3])
 		p[i] = p[i] * 6364136223846793005ull + step + i;
 }
 
+/* Writes the buffers whose addresses the parameter's buffer holds:
+ * holder = { count, words, address... }. */
+static void escape_kernel(void **params, unsigned grid[3], unsigned block[3])
+{
+	const uint64_t *holder = *(const uint64_t **)params[0];
+	size_t n = (size_t)holder[1], i, k;
+
+	(void)grid;
+	(void)block;
+	for (k = 0; k < holder[0]; k++) {
+		uint64_t *p = (uint64_t *)(uintptr_t)holder[2 + k];
+
+		for (i = 0; i < n; i++)
+			p[i] ^= (p[i] >> 7) + 0x9e3779b97f4a7c15ull;
+	}
+}
+
 int main(int argc, char **argv)
 {
 	int (*reg)(const char *, fakecuda_kernel_fn, int, const size_t *);
@@ -51,7 +72,9 @@ int main(int argc, char **argv)
 	CUdeviceptr big[3], small[40];
 	size_t bign, smalln = 1000;
 	uint64_t *host;
-	CUfunction fn;
+	CUfunction fn, efn = NULL;
+	CUdeviceptr holder = 0;
+	int escape = getenv("FAKE_APP_ESCAPE") && atoi(getenv("FAKE_APP_ESCAPE"));
 	CUmodule mod;
 	CUdevice dev;
 	CUcontext ctx;
@@ -74,11 +97,13 @@ int main(int argc, char **argv)
 		return 77;
 	}
 	reg("step", step_kernel, 3, psz);
+	reg("escape", escape_kernel, 1, psz);
 	CK(cuDeviceGet(&dev, 0));
 	CK(cuDevicePrimaryCtxRetain(&ctx, dev));
 	CK(cuCtxSetCurrent(ctx));
 	CK(cuModuleLoadData(&mod, "fake"));
 	CK(cuModuleGetFunction(&fn, mod, "step"));
+	CK(cuModuleGetFunction(&efn, mod, "escape"));
 	host = malloc(bign * 8);
 	for (b = 0; b < nbig; b++) {
 		size_t i;
@@ -92,12 +117,26 @@ int main(int argc, char **argv)
 		CK(cuMemAlloc(&small[b], smalln * 8));
 		CK(cuMemsetD32(small[b], (unsigned)b + 1, smalln * 2));
 	}
+	if (escape) {
+		uint64_t h[2 + 3] = { (uint64_t)nbig, bign / 2 };
+
+		for (b = 0; b < nbig; b++)
+			h[2 + b] = (uint64_t)big[b];
+
+		CK(cuMemAlloc(&holder, sizeof(h)));
+		CK(cuMemcpyHtoD(holder, h, sizeof(h)));
+	}
 	unlink(argv[1]);
 	for (k = 1; k <= steps; k++) {
 		uint64_t sum = 0, step = (uint64_t)k;
 		size_t i;
 		FILE *f;
 
+		if (escape) {
+			void *args[1] = { &holder };
+
+			CK(cuLaunchKernel(efn, 1, 1, 1, 1, 1, 1, 0, NULL, args, NULL));
+		}
 		for (b = 0; b < nbig + nsmall; b++) {
 			CUdeviceptr p = b < nbig ? big[b] : small[b - nbig];
 			size_t n = b < nbig ? bign : smalln;

@@ -46,6 +46,7 @@
 	X(cuMemcpyHtoD)                                 \
 	X(cuMemcpyDtoHAsync)                            \
 	X(cuMemcpyHtoDAsync)                            \
+	X(cuMemcpyDtoDAsync)                            \
 	X(cuMemsetD8)                                   \
 	X(cuMemsetD8Async)                              \
 	X(cuStreamCreate)                               \

@@ -271,7 +271,7 @@ fi
 # chunk no longer matches its fingerprint at T, the checkpoint is refused
 # and retried with the process stopped, and the final image is correct.
 stop_daemon
-GPUCR_FI_SLICE_DELAY_MS=300 start_daemon
+GPUCR_SPARE=0 GPUCR_FI_SLICE_DELAY_MS=300 start_daemon
 "${APP_ENV[@]}" GPUCR_DAEMON=0 FAKE_APP_ESCAPE=1 "$B/tests/e2e-fake-app" "$W/ref-esc" $CK_STEPS 4 || { echo "reference run failed"; exit 1; }
 conc_case() { # name escape(0|1) reference
 	local name=$1 esc=$2 ref=$3 cpid
@@ -313,6 +313,20 @@ else
 	bad "escape: the unpredicted write was not detected"
 	cat "$W/escape.dump.out" | sed 's/^/    /'
 	grep "pid $epid " "$W/gpucrd.log" | sed 's/^/    gpucrd| /'
+fi
+# 12. the same with room on the GPU: the memory is copied device to device
+# at T, so the process waits for nothing and a write through a pointer held
+# in device memory after T does not matter (no retry).
+stop_daemon
+GPUCR_SPARE_MARGIN_MB=0 GPUCR_FI_SLICE_DELAY_MS=300 start_daemon
+conc_case spare 1 "$W/ref-esc"
+spid=$(cat "$W/spare.pid" 2>/dev/null)
+if grep -q "pid $spid: .* copied to spare GPU memory at T" "$W/gpucrd.log" && ! grep -q "retrying" "$W/spare.dump.out"; then
+	ok "spare: copied on the GPU at T, nothing to retry"
+else
+	bad "spare: no copy to spare GPU memory at T, or a retry"
+	cat "$W/spare.dump.out" | sed 's/^/    /'
+	grep "pid $spid" "$W/gpucrd.log" | sed 's/^/    gpucrd| /'
 fi
 stop_daemon
 start_daemon

@@ -9,7 +9,7 @@ import sys
 
 
 def parse(path):
-    rows, steady, header, images, workloads = [], [], [], [], []
+    rows, steady, header, images, workloads, ckpts = [], [], [], [], [], []
     for line in open(path):
         if line.startswith("#"):
             header.append(line[1:].strip())
@@ -17,16 +17,16 @@ def parse(path):
         if not line.startswith("BENCH "):
             continue
         kv = dict(p.split("=", 1) for p in shlex.split(line[6:]))
-        (steady if "steady" in kv else images if "image" in kv else
+        (steady if "steady" in kv else images if "image" in kv else ckpts if "ckpt" in kv else
          workloads if "workload" in kv else rows).append(kv)
-    return header, rows, steady, images, workloads
+    return header, rows, steady, images, workloads, ckpts
 
 
 def main():
     log, base = sys.argv[1], sys.argv[2]
-    header, rows, steady, images, workloads = parse(log)
+    header, rows, steady, images, workloads, ckpts = parse(log)
     json.dump({"header": header, "runs": rows, "workloads": workloads, "steady": steady,
-               "image_engine": images}, open(base + ".json", "w"), indent=1)
+               "image_engine": images, "checkpoints_while_running": ckpts}, open(base + ".json", "w"), indent=1)
     by = {(r["system"], r["gib"]): r for r in rows}
     sizes = sorted({float(r["gib"]) for r in rows})
     md = ["# gpucr vs the stock CRIU cuda plugin", ""] + ["    " + h for h in header] + [""]
@@ -79,6 +79,15 @@ def main():
                     name, c["system"], float(s_["dump_s"]) / max(float(c["dump_s"]), 1e-9),
                     float(s_["restore_s"]) / max(float(c["restore_s"]), 1e-9),
                     float(s_["first_step_s"]) / max(float(c["first_step_s"]), 1e-9)))
+    if ckpts:
+        md += ["", "| checkpoint of a running program | system | time lost by its loop (ms) | checkpoint command (s) | restore of it (s) | restored run |",
+               "|---|---|---|---|---|---|"]
+        for c in ckpts:
+            if c.get("ok") != "1":
+                md.append("| %s | %s | failed: %s | | | |" % (c["ckpt"], c["system"], c.get("reason", "")))
+            else:
+                md.append("| %s | %s | %s | %s | %s | every step identical |" % (
+                    c["ckpt"], c["system"], c["lost_ms"], c["checkpoint_s"], c["restore_s"]))
     if images:
         md += ["", "| image engine (bin/imgbench) | GiB | GPU -> image (GB/s) | image -> GPU, fingerprints checked (GB/s) | dd O_DIRECT write / read on the same disk (GB/s) | image engine / dd | host ceilings: GPU -> pinned memory, memory -> files (GB/s) |",
                "|---|---|---|---|---|---|---|"]

@@ -63,6 +63,27 @@ if python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
 		done
 	done
 fi
+
+# Checkpoints of a running program (left running): what one costs its loop,
+# for gpucr (concurrent: a copy on the GPU at T, or calls waiting for the
+# chunks they write), gpucr-stop (stopped until its image is written) and
+# the stock path (criu dump -R with CRIU's cuda plugin); each checkpoint is
+# then restored and must go on bit-identically.
+for w in "cuda-prog-16|$B/tests/gpu/cuda-prog --gib 16 --steps 40 --step-ms 50 --out" \
+	"torch-train|$(workload_cmd torch-train)"; do
+	name=${w%%|*}
+	cmd=${w#*|}
+	[ "$name" = torch-train ] && ! python3 -c 'import torch' 2>/dev/null && continue
+	$cmd "$WORK/ck-ref-$name.log" >/dev/null 2>&1 || continue
+	for sys in ${CKPT_SYSTEMS:-stock gpucr-stop gpucr}; do
+		if r=$(ckpt_cycle "$sys" "$name" 10 "$WORK/ck-ref-$name.log" "$cmd"); then
+			set -- $r
+			emit "ckpt=$name system=$sys ok=1 lost_ms=$1 checkpoint_s=$2 restore_s=$3"
+		else
+			emit "ckpt=$name system=$sys ok=0 reason=\"$(echo "$r" | tr '\n"' ' ')\""
+		fi
+	done
+done
 stop_gpucrd
 
 # gpucrd's image engine alone (bin/imgbench, the daemon's own code): GPU

@@ -357,7 +357,9 @@ int dump_remap_now(struct proc *p)
 
 int dump_allows_reattach(struct proc *p)
 {
-	return p->dump && p->dump->cc && p->dump->phase == PH_WRITING && p->dump_woken;
+	/* After the plugin's Wake CRIU is done with the process: it may
+	 * reconnect, and waits (remap_waiting) unless its dump is concurrent. */
+	return p->dump && p->dump->phase == PH_WRITING && p->dump_woken;
 }
 
 int dump_resume_save_epoch(struct proc *p)

@@ -110,7 +110,7 @@ void dump_proc_gone(struct daemon *d, struct proc *p);
 /* Concurrent checkpoints: may the process map its memory back now (its
  * dump is concurrent and the fingerprints at T are taken)? */
 int dump_remap_now(struct proc *p);
-/* May p's shim reconnect although its dump is still writing (concurrent)? */
+/* May p's shim reconnect although its dump is still writing its image? */
 int dump_allows_reattach(struct proc *p);
 /* The Resume to send p starts a save epoch (marks it). */
 int dump_resume_save_epoch(struct proc *p);

@@ -10,9 +10,10 @@
  * first, which just sleep, like a dataloader's workers. A run that was
  * dumped, killed and restored must write the same file as one that was not.
  *
- * FAKE_APP_ESCAPE=1 adds, first in every step, a kernel whose only parameter
- * is a small buffer holding the addresses of the big buffers, which it
- * writes through those pointers: writes no launch decoding can predict. */
+ * FAKE_APP_ESCAPE=1 adds, before every launch, a kernel whose only parameter
+ * is a small buffer holding the address of another buffer (16 MiB, written
+ * by nothing else), which it writes through that pointer: a write no launch
+ * decoding can predict. */
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -46,21 +47,18 @@ static void step_kernel(void **params, unsigned grid[3], unsigned block[3])
 		p[i] = p[i] * 6364136223846793005ull + step + i;
 }
 
-/* Writes the buffers whose addresses the parameter's buffer holds:
- * holder = { count, words, address... }. */
+/* Writes, every 512th word, the buffer whose address the parameter's
+ * buffer holds: holder = { words, address }. */
 static void escape_kernel(void **params, unsigned grid[3], unsigned block[3])
 {
 	const uint64_t *holder = *(const uint64_t **)params[0];
-	size_t n = (size_t)holder[1], i, k;
+	uint64_t *p = (uint64_t *)(uintptr_t)holder[1];
+	size_t n = (size_t)holder[0], i;
 
 	(void)grid;
 	(void)block;
-	for (k = 0; k < holder[0]; k++) {
-		uint64_t *p = (uint64_t *)(uintptr_t)holder[2 + k];
-
-		for (i = 0; i < n; i++)
-			p[i] ^= (p[i] >> 7) + 0x9e3779b97f4a7c15ull;
-	}
+	for (i = 0; i < n; i += 512)
+		p[i] ^= (p[i] >> 7) + 0x9e3779b97f4a7c15ull;
 }
 
 int main(int argc, char **argv)
@@ -73,12 +71,23 @@ int main(int argc, char **argv)
 	size_t bign, smalln = 1000;
 	uint64_t *host;
 	CUfunction fn, efn = NULL;
-	CUdeviceptr holder = 0;
+	CUdeviceptr holder = 0, victim = 0;
+	size_t vicn = (size_t)16 << 17; /* 16 MiB of u64 */
+	uint64_t *vhost = NULL;
+	const char *times = NULL;
 	int escape = getenv("FAKE_APP_ESCAPE") && atoi(getenv("FAKE_APP_ESCAPE"));
 	CUmodule mod;
 	CUdevice dev;
 	CUcontext ctx;
 
+	/* "--times FILE" anywhere: "K SECONDS" (monotonic) after every step */
+	for (k = 1; k + 1 < argc; k++)
+		if (!strcmp(argv[k], "--times")) {
+			times = argv[k + 1];
+			memmove(&argv[k], &argv[k + 2], (size_t)(argc - k - 1) * sizeof(*argv));
+			argc -= 2;
+			break;
+		}
 	if (argc < 3)
 		return 2;
 	steps = atoi(argv[2]);
@@ -105,6 +114,8 @@ int main(int argc, char **argv)
 	CK(cuModuleGetFunction(&fn, mod, "step"));
 	CK(cuModuleGetFunction(&efn, mod, "escape"));
 	host = malloc(bign * 8);
+	if (escape)
+		vhost = malloc(vicn * 8);
 	for (b = 0; b < nbig; b++) {
 		size_t i;
 
@@ -118,10 +129,16 @@ int main(int argc, char **argv)
 		CK(cuMemsetD32(small[b], (unsigned)b + 1, smalln * 2));
 	}
 	if (escape) {
-		uint64_t h[2 + 3] = { (uint64_t)nbig, bign / 2 };
+		/* A buffer only that kernel writes, big enough that saving it
+		 * takes a while: no decoded call ever asks for it first. */
+		uint64_t h[2] = { vicn, 0 };
+		size_t i;
 
-		for (b = 0; b < nbig; b++)
-			h[2 + b] = (uint64_t)big[b];
+		CK(cuMemAlloc(&victim, vicn * 8));
+		for (i = 0; i < vicn; i++)
+			vhost[i] = i * 7 + 1;
+		CK(cuMemcpyHtoD(victim, vhost, vicn * 8));
+		h[1] = (uint64_t)victim;
 
 		CK(cuMemAlloc(&holder, sizeof(h)));
 		CK(cuMemcpyHtoD(holder, h, sizeof(h)));
@@ -132,15 +149,16 @@ int main(int argc, char **argv)
 		size_t i;
 		FILE *f;
 
-		if (escape) {
-			void *args[1] = { &holder };
-
-			CK(cuLaunchKernel(efn, 1, 1, 1, 1, 1, 1, 0, NULL, args, NULL));
-		}
 		for (b = 0; b < nbig + nsmall; b++) {
 			CUdeviceptr p = b < nbig ? big[b] : small[b - nbig];
 			size_t n = b < nbig ? bign : smalln;
 			void *args[3] = { &p, &n, &step };
+
+			if (escape) {
+				void *eargs[1] = { &holder };
+
+				CK(cuLaunchKernel(efn, 1, 1, 1, 1, 1, 1, 0, NULL, eargs, NULL));
+			}
 
 			CK(cuLaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, NULL, args, NULL));
 		}
@@ -149,6 +167,11 @@ int main(int argc, char **argv)
 			CK(cuMemcpyDtoH(host, big[b], bign * 8));
 			for (i = 0; i < bign; i++)
 				sum += host[i] * (i | 1);
+		}
+		if (escape) {
+			CK(cuMemcpyDtoH(vhost, victim, vicn * 8));
+			for (i = 0; i < vicn; i++)
+				sum += vhost[i] * (i | 1);
 		}
 		for (b = 0; b < nsmall; b++) {
 			CK(cuMemcpyDtoH(host, small[b], smalln * 8));
@@ -160,6 +183,16 @@ int main(int argc, char **argv)
 			return 4;
 		fprintf(f, "step %d %llu\n", k, (unsigned long long)sum);
 		fclose(f);
+		if (times) {
+			struct timespec now;
+
+			clock_gettime(CLOCK_MONOTONIC, &now);
+			f = fopen(times, "a");
+			if (f) {
+				fprintf(f, "%d %.6f\n", k, now.tv_sec + now.tv_nsec / 1e9);
+				fclose(f);
+			}
+		}
 		nanosleep(&ts, NULL);
 	}
 	{
@@ -171,6 +204,7 @@ int main(int argc, char **argv)
 		}
 	}
 	free(host);
+	free(vhost);
 	if (children)
 		kill(0, SIGTERM);
 	return 0;

@@ -2,7 +2,10 @@
 // several streams with event dependencies between them, integer-only
 // kernels (bit-reproducible), a per-step checksum reduced on the GPU.
 //
-//   cuda-prog --gib G --steps S --out FILE [--buffers N] [--step-ms MS]
+//   cuda-prog --gib G --steps S --out FILE [--buffers N] [--step-ms MS] [--times FILE]
+//
+// --times appends "K SECONDS" (CLOCK_MONOTONIC) after every step: the bench
+// measures the time a checkpoint of the running program costs it.
 //
 // Appends "step K SUM" to FILE after every step (opened and closed each time,
 // so no file is open across a dump). An uninterrupted run and a run that was
@@ -61,7 +64,7 @@ int main(int argc, char **argv)
 {
 	double gib = 1;
 	int steps = 20, nbuf = 16, step_ms = 100, nstreams = 4;
-	const char *out = NULL;
+	const char *out = NULL, *times = NULL;
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "--gib") && i + 1 < argc)
 			gib = atof(argv[++i]);
@@ -73,8 +76,10 @@ int main(int argc, char **argv)
 			step_ms = atoi(argv[++i]);
 		else if (!strcmp(argv[i], "--out") && i + 1 < argc)
 			out = argv[++i];
+		else if (!strcmp(argv[i], "--times") && i + 1 < argc)
+			times = argv[++i];
 		else {
-			fprintf(stderr, "usage: cuda-prog --gib G --steps S --out FILE [--buffers N] [--step-ms MS]\n");
+			fprintf(stderr, "usage: cuda-prog --gib G --steps S --out FILE [--buffers N] [--step-ms MS] [--times FILE]\n");
 			return 2;
 		}
 	}
@@ -115,6 +120,16 @@ int main(int argc, char **argv)
 			return 4;
 		fprintf(f, "step %d %llu\n", k, hsum);
 		fclose(f);
+		if (times) {
+			struct timespec now;
+			FILE *t = fopen(times, "a");
+
+			clock_gettime(CLOCK_MONOTONIC, &now);
+			if (t) {
+				fprintf(t, "%d %.6f\n", k, now.tv_sec + now.tv_nsec / 1e9);
+				fclose(t);
+			}
+		}
 		if (step_ms > 0) {
 			struct timespec ts = { step_ms / 1000, (step_ms % 1000) * 1000000L };
 			nanosleep(&ts, NULL);

@@ -148,3 +148,61 @@ FLOW
 	fi
 	rm -rf "$dir/img"
 }
+
+# A checkpoint of a running program (left running); 8 steps later the
+# program is killed and the checkpoint restored, which must go on to the
+# same results. $1 mode: "gpucr" (concurrent: gpucr dump -R), "gpucr-stop"
+# (GPUCR_CONCURRENT=0: stopped until its image is written) or "stock"
+# (criu dump -R with CRIU's cuda plugin); $2 name, $3 step to checkpoint at,
+# $4 reference output, $5 the command (output file appended, then
+# --times FILE). Prints "lost_ms checkpoint_s restore_s": lost_ms is the
+# program's longest step interval around the checkpoint less its median
+# interval.
+ckpt_cycle() {
+	local mode=$1 name=$2 at=$3 ref=$4 cmd=$5 dir=$WORK/ck-$1-$2
+	local libdir=$B/lib/criu run_prefix="" dumpcmd
+	case $mode in
+	stock) libdir=$B/lib/criu-stock ;;
+	*) run_prefix="$B/bin/gpucr run --socket $GPUCR_SOCKET --" ;;
+	esac
+	case $mode in
+	stock) dumpcmd="criu dump -t \$pid -D $dir/img -o dump.log -v4 -R" ;;
+	gpucr-stop) dumpcmd="env GPUCR_CONCURRENT=0 gpucr dump --pid \$pid -D $dir/img -R" ;;
+	*) dumpcmd="gpucr dump --pid \$pid -D $dir/img -R" ;;
+	esac
+	rm -rf "$dir"
+	mkdir -p "$dir/img"
+	cat >"$dir/flow.sh" <<FLOW
+set -u
+export CRIU_LIBS_DIR=$libdir PATH=$B/bin:\$PATH B=$B WORK=$WORK GPUCR_SOCKET=${GPUCR_SOCKET:-}
+. $B/share/gpucr/tests/gpu/lib.sh
+# stdout to /dev/null: CRIU refuses to restore a process whose open log file grew after the checkpoint
+setsid $run_prefix $cmd $dir/out.log --times $dir/times </dev/null >/dev/null 2>&1 &
+pid=\$!
+wait_step $dir/out.log $at 300 || { echo "never reached step $at"; exit 1; }
+t0=\$(now)
+$dumpcmd >$dir/dump.out 2>&1 || { echo "checkpoint failed:"; tail -5 $dir/dump.out; exit 1; }
+t1=\$(now)
+wait_step $dir/out.log \$(( $at + 8 )) 300
+kill -9 \$pid; wait \$pid 2>/dev/null
+cp $dir/times $dir/times.run
+t2=\$(now)
+criu restore -D $dir/img -o restore.log -v4 -d \$([ -f $dir/img/gpucr-shell-job ] && echo --shell-job) || { echo "restore failed:"; grep -E 'Error|error|gpucr' $dir/img/restore.log | tail -5; exit 1; }
+t3=\$(now)
+for i in \$(seq 1 6000); do grep -q '^done' $dir/out.log && break; sleep 0.05; done
+echo "\$(elapsed \$t0 \$t1) \$(elapsed \$t2 \$t3)" >$dir/figures
+FLOW
+	timeout "${CR_TIMEOUT:-300}" "$B/tests/e2e-subreaper" bash "$dir/flow.sh" >"$dir/flow.log" 2>&1
+	if [ ! -f "$dir/figures" ]; then
+		tail -5 "$dir/flow.log"
+		return 1
+	fi
+	if ! grep -q "^done" "$dir/out.log" || [ "$(sort -u "$dir/out.log")" != "$(sort -u "$ref")" ]; then
+		echo "after the restore of the checkpoint, the output differs from the uninterrupted run: $(diff <(sort -u "$ref") <(sort -u "$dir/out.log") | head -3 | tr '\n' ' ')"
+		return 1
+	fi
+	# (plain awk: no gawk on every host)
+	echo "$(awk 'NR > 1 { printf "%.6f\n", $2 - p } { p = $2 }' "$dir/times.run" | sort -n |
+		awk '{ v[NR] = $1 } END { printf "%.0f", (v[NR] - v[int((NR + 1) / 2)]) * 1000 }') $(cat "$dir/figures")"
+	rm -rf "$dir/img"
+}

@@ -62,6 +62,7 @@ def main():
     ap.add_argument("--ctx", type=int, default=256)
     ap.add_argument("--vocab", type=int, default=8192)
     ap.add_argument("--compile", action="store_true")
+    ap.add_argument("--times", help="append 'K SECONDS' (monotonic) after every step")
     args = ap.parse_args()
 
     torch.manual_seed(1234)
@@ -88,6 +89,9 @@ def main():
         v = loss.item()
         with open(args.out, "a") as f:
             f.write("step %d %s\n" % (k, float(v).hex()))
+        if args.times:
+            with open(args.times, "a") as f:
+                f.write("%d %.6f\n" % (k, time.monotonic()))
         if args.step_sleep:
             time.sleep(args.step_sleep)
     with open(args.out, "a") as f:

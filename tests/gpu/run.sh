@@ -178,6 +178,18 @@ if [ -f "$B/lib/criu/gpucr_plugin.so" ] && [ -z "${SKIP_GPUCR_CR:-}" ]; then
 			done
 		done
 	fi
+	# A checkpoint of the running program (gpucr dump -R, concurrent), the
+	# program killed 8 steps later and the checkpoint restored: the same
+	# results; and what the checkpoint cost the program's loop.
+	g=${SIZES##* }
+	for mode in gpucr gpucr-stop; do
+		if r=$(ckpt_cycle $mode "cuda-prog-$g" 10 "$WORK/ref-$g.log" "$B/tests/gpu/cuda-prog --gib $g --steps $STEPS --step-ms 50 --out"); then
+			set -- $r
+			result "$mode-checkpoint-cuda-prog" "${g}GiB" PASS "loop lost ${1} ms, checkpoint ${2}s, restore ${3}s, output identical"
+		else
+			result "$mode-checkpoint-cuda-prog" "${g}GiB" FAIL "$r"
+		fi
+	done
 	# A CUDA program not started under gpucr, with gpucr's plugin: the
 	# driver-only fallback (what CRIU's own cuda plugin does).
 	g=${SIZES%% *}

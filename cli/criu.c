@@ -14,11 +14,12 @@
 
 #include "cli.h"
 #include "image.h"
+#include "json.h"
 
 void help_dump(FILE *f)
 {
 	fprintf(f,
-		"Usage: gpucr dump --pid PID -D DIR [--leave-running] [--criu PATH] [-- CRIU-ARGS...]\n\n"
+		"Usage: gpucr dump --pid PID -D DIR [--leave-running] [--json] [--criu PATH] [-- CRIU-ARGS...]\n\n"
 		"Checkpoints process PID (and its children) with CRIU and gpucr's plugin into\n"
 		"DIR: CRIU's images plus gpucr-<pid>.img and gpucr-pages-<pid>.img for each\n"
 		"process started under `gpucr run`. CUDA processes not started under gpucr are\n"
@@ -31,17 +32,55 @@ void help_dump(FILE *f)
 		"  -D, --images-dir DIR where the images go (created if missing)\n"
 		"  -R, --leave-running  keep the process running after the dump\n"
 		"  --criu PATH          the criu binary (default: criu beside gpucr, else on PATH)\n"
+		"  --json               one JSON object on stdout at the end (the rest goes to stderr)\n"
 		"Arguments after -- go to criu as they are.\n");
 }
 
 void help_restore(FILE *f)
 {
 	fprintf(f,
-		"Usage: gpucr restore -D DIR [--criu PATH] [-- CRIU-ARGS...]\n\n"
+		"Usage: gpucr restore -D DIR [--json] [--criu PATH] [-- CRIU-ARGS...]\n\n"
 		"Restores the processes dumped into DIR, with their GPU memory: kept on the\n"
 		"GPU by gpucrd since the dump (nothing copied), or loaded from the image and\n"
 		"checked against its fingerprints. The restored processes run detached from\n"
-		"this command. CRIU's log: DIR/restore.log.\n");
+		"this command. CRIU's log: DIR/restore.log.\n\n"
+		"  -D, --images-dir DIR the dump to restore\n"
+		"  --json               one JSON object on stdout at the end (the rest goes to stderr)\n"
+		"  --criu PATH          the criu binary (default: criu beside gpucr, else on PATH)\n");
+}
+
+/* --json: what people read goes to stderr from here on, and the returned
+ * stream (the original stdout) gets one JSON object at the end. */
+static FILE *json_take_stdout(void)
+{
+	int fd;
+
+	fflush(stdout);
+	fd = dup(STDOUT_FILENO);
+	if (fd < 0 || dup2(STDERR_FILENO, STDOUT_FILENO) < 0)
+		return NULL;
+	return fdopen(fd, "w");
+}
+
+static void json_result(FILE *f, const char *cmd, long pid, const char *dir, int ok, double criu_s, double total_s)
+{
+	struct json j;
+
+	if (!f)
+		return;
+	json_init(&j, f);
+	json_obj_begin(&j, NULL);
+	json_str(&j, "command", cmd);
+	if (pid > 0)
+		json_i64(&j, "pid", pid);
+	json_str(&j, "dir", dir);
+	json_str(&j, "result", ok ? "ok" : "failed");
+	json_u64(&j, "criu_ms", (uint64_t)(criu_s * 1000));
+	if (total_s > 0)
+		json_u64(&j, "total_ms", (uint64_t)(total_s * 1000));
+	json_obj_end(&j);
+	json_end(&j);
+	fclose(f);
 }
 
 static double now(void)
@@ -319,12 +358,14 @@ int cmd_dump(int argc, char **argv)
 		{ "images-dir", required_argument, NULL, 'D' },
 		{ "leave-running", no_argument, NULL, 'R' },
 		{ "criu", required_argument, NULL, 'c' },
+		{ "json", no_argument, NULL, 'j' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
 	const char *dir = NULL, *criu_given = NULL;
 	struct cli_dump_result res;
-	int leave = 0, c;
+	int leave = 0, c, json = 0, r;
+	FILE *jf = NULL;
 	long pid = 0;
 
 	while ((c = getopt_long(argc, argv, "+t:D:Rc:h", opts, NULL)) != -1) {
@@ -341,6 +382,9 @@ int cmd_dump(int argc, char **argv)
 		case 'c':
 			criu_given = optarg;
 			break;
+		case 'j':
+			json = 1;
+			break;
 		case 'h':
 			help_dump(stdout);
 			return CLI_OK;
@@ -350,7 +394,11 @@ int cmd_dump(int argc, char **argv)
 	}
 	if (pid <= 0 || !dir)
 		return cli_usage_error("dump", "--pid PID and -D DIR are required");
-	return cli_dump(pid, dir, leave, criu_given, argv + optind, argc - optind, &res);
+	if (json)
+		jf = json_take_stdout();
+	r = cli_dump(pid, dir, leave, criu_given, argv + optind, argc - optind, &res);
+	json_result(jf, "dump", pid, dir, r == CLI_OK, res.criu_s, res.total_s);
+	return r;
 }
 
 int cmd_restore(int argc, char **argv)
@@ -358,12 +406,14 @@ int cmd_restore(int argc, char **argv)
 	static const struct option opts[] = {
 		{ "images-dir", required_argument, NULL, 'D' },
 		{ "criu", required_argument, NULL, 'c' },
+		{ "json", no_argument, NULL, 'j' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
 	const char *dir = NULL, *criu_given = NULL;
 	char criu[PATH_MAX], marker[PATH_MAX], *av[64];
-	int c, n = 0, r, i;
+	int c, n = 0, r, i, json = 0;
+	FILE *jf = NULL;
 	double t0, t1;
 
 	while ((c = getopt_long(argc, argv, "+D:c:h", opts, NULL)) != -1) {
@@ -374,6 +424,9 @@ int cmd_restore(int argc, char **argv)
 		case 'c':
 			criu_given = optarg;
 			break;
+		case 'j':
+			json = 1;
+			break;
 		case 'h':
 			help_restore(stdout);
 			return CLI_OK;
@@ -383,6 +436,8 @@ int cmd_restore(int argc, char **argv)
 	}
 	if (!dir)
 		return cli_usage_error("restore", "-D DIR is required");
+	if (json)
+		jf = json_take_stdout();
 	find_criu(criu, sizeof(criu), criu_given);
 	plugin_dir();
 	av[n++] = criu;
@@ -405,8 +460,10 @@ int cmd_restore(int argc, char **argv)
 	if (r != 0) {
 		fprintf(stderr, "gpucr restore: criu restore from %s failed (exit %d) after %.2f s\n", dir, r, t1 - t0);
 		show_errors(dir, "restore.log");
+		json_result(jf, "restore", 0, dir, 0, t1 - t0, 0);
 		return CLI_FAIL;
 	}
 	printf("gpucr restore: restored from %s in %.2f s\n", dir, t1 - t0);
+	json_result(jf, "restore", 0, dir, 1, t1 - t0, 0);
 	return CLI_OK;
 }

@@ -214,9 +214,9 @@ set -u
 setsid $B/bin/gpucr run --socket $GPUCR_SOCKET -- env GPUCR_REAL_LIBCUDA=$FAKE $B/tests/e2e-fake-app $W/cli.out $STEPS 4 </dev/null >$W/cli.app.log 2>&1 &
 pid=\$!
 for i in \$(seq 1 400); do [ -f $W/cli.out ] && [ \$(wc -l <$W/cli.out) -ge 10 ] && break; sleep 0.02; done
-$B/bin/gpucr dump --pid \$pid -D $W/cli || exit 10
+$B/bin/gpucr dump --json --pid \$pid -D $W/cli >$W/cli.json || exit 10
 for i in \$(seq 1 100); do kill -0 \$pid 2>/dev/null || break; sleep 0.02; done
-$B/bin/gpucr restore -D $W/cli || exit 11
+$B/bin/gpucr restore --json -D $W/cli >>$W/cli.json || exit 11
 for i in \$(seq 1 1500); do grep -q '^done' $W/cli.out 2>/dev/null && break; sleep 0.02; done
 FLOW
 "$B/tests/e2e-subreaper" bash "$W/cli.sh" >"$W/cli.flow.log" 2>&1
@@ -225,6 +225,13 @@ grep -q "GPU image of pid .* complete" "$W/cli.flow.log" && ok "cli: gpucr dump 
 grep -q "writing 1 GPU image(s): .* GiB" "$W/cli.flow.log" && ok "cli: progress shown while the image was written" ||
 	{ bad "cli: no progress line"; tail -8 "$W/cli.flow.log" | sed 's/^/    /'; }
 check_same cli
+# --json: stdout holds one object per command and nothing else.
+if [ "$(wc -l <"$W/cli.json")" = 2 ] && grep -q '^{"command":"dump","pid":[0-9]*,.*"result":"ok"' "$W/cli.json" &&
+	grep -q '^{"command":"restore",.*"result":"ok"' "$W/cli.json"; then
+	ok "cli: --json gives one object per command on stdout"
+else
+	bad "cli: --json output: $(tr '\n' ' ' <"$W/cli.json")"
+fi
 stop_daemon
 start_daemon
 

@@ -51,13 +51,21 @@ def main():
                     float(s["restore_s"]) / max(float(c["restore_s"]), 1e-9),
                     float(s["first_step_s"]) / max(float(c["first_step_s"]), 1e-9)))
     if steady:
-        md += ["", "| steady state (mean of runs in the order without, with, with, without) | without gpucr (s) | with gpucr's shim (s) | overhead |", "|---|---|---|---|"]
+        md += ["", "| steady state (runs in the order without, with, with, without) | median step without gpucr (ms) | with gpucr's shim (ms) | overhead | whole run without / with (s) |",
+               "|---|---|---|---|---|"]
         for name in sorted({s["steady"] for s in steady}):
-            a = [float(s["seconds"]) for s in steady if s["steady"] == name and s["shim"] == "0"]
-            b = [float(s["seconds"]) for s in steady if s["steady"] == name and s["shim"] == "1"]
-            if a and b:
-                ma, mb = sum(a) / len(a), sum(b) / len(b)
-                md.append("| %s | %.2f | %.2f | %+.1f%% |" % (name, ma, mb, (mb / ma - 1) * 100))
+            def mean(key, shim):
+                v = [float(s[key]) for s in steady if s["steady"] == name and s["shim"] == shim and key in s
+                     and s[key] != "nan"]
+                return sum(v) / len(v) if v else None
+            ra, rb = mean("seconds", "0"), mean("seconds", "1")
+            sa, sb = mean("step_ms", "0"), mean("step_ms", "1")
+            if ra is None or rb is None:
+                continue
+            if sa is not None and sb is not None:
+                md.append("| %s | %.2f | %.2f | %+.1f%% | %.2f / %.2f |" % (name, sa, sb, (sb / sa - 1) * 100, ra, rb))
+            else:
+                md.append("| %s | | | %+.1f%% (whole run) | %.2f / %.2f |" % (name, (rb / ra - 1) * 100, ra, rb))
     if workloads:
         md += ["", "| workload | system | dump (s) | restore (s) | first step after restore (s) | image (MiB) | results |",
                "|---|---|---|---|---|---|---|"]

@@ -115,22 +115,29 @@ if [ "$DISK_GIB" != 0 ] && mkdir -p "$DISK_DIR" && [ "$(stat -f -c %T "$DISK_DIR
 	rm -rf "$DISK_DIR"
 fi
 
-# Steady state: the same programs with and without the shim.
-SHIM="LD_LIBRARY_PATH=$B/lib/gpucr GPUCR_DAEMON=0"
+# Steady state: the same programs with and without the shim (runs in the
+# order without, with, with, without); the median step time from the
+# programs' own per-step timestamps, so process start and CUDA/PyTorch
+# initialisation are left out, and the whole run's wall time.
+median_step_ms() { # times file: "K SECONDS" per step
+	awk 'NR > 1 { printf "%.6f\n", $2 - p } { p = $2 }' "$1" | sort -n |
+		awk '{ v[NR] = $1 } END { if (NR) printf "%.3f", v[int((NR + 1) / 2)] * 1000; else printf "nan" }'
+}
 for shim in 0 1 1 0; do
 	envx=()
 	[ $shim = 1 ] && envx=(LD_LIBRARY_PATH=$B/lib/gpucr GPUCR_DAEMON=0)
+	rm -f "$WORK/st.times"
 	t0=$(now)
-	env "${envx[@]}" "$B/tests/gpu/cuda-prog" --gib 4 --steps 100 --step-ms 0 --out "$WORK/steady.log"
+	env "${envx[@]}" "$B/tests/gpu/cuda-prog" --gib 4 --steps 100 --step-ms 0 --out "$WORK/steady.log" --times "$WORK/st.times"
 	t1=$(now)
-	emit "steady=cuda-prog shim=$shim steps=100 seconds=$(elapsed $t0 $t1)"
+	emit "steady=cuda-prog shim=$shim steps=100 seconds=$(elapsed $t0 $t1) step_ms=$(median_step_ms "$WORK/st.times")"
 	if python3 -c 'import torch' 2>/dev/null; then
+		rm -f "$WORK/st.times"
 		t0=$(now)
-		env "${envx[@]}" python3 "$B/share/gpucr/tests/gpu/torch_train.py" --steps 20 --out "$WORK/tt.log" >/dev/null 2>&1
+		env "${envx[@]}" python3 "$B/share/gpucr/tests/gpu/torch_train.py" --steps 20 --out "$WORK/tt.log" --times "$WORK/st.times" >/dev/null 2>&1
 		t1=$(now)
-		emit "steady=torch-train shim=$shim steps=20 seconds=$(elapsed $t0 $t1)"
+		emit "steady=torch-train shim=$shim steps=20 seconds=$(elapsed $t0 $t1) step_ms=$(median_step_ms "$WORK/st.times")"
 	fi
 done
-: "$SHIM"
 python3 "$B/share/gpucr/bench/report.py" "$log" "$base" && echo "results: $base.{log,json,md,png}"
 rm -rf "$WORK"

@@ -4,8 +4,14 @@
 # same run, on the same workload (tests/gpu/cuda-prog.cu):
 #   dump time (the process is frozen, then killed: its downtime), restore
 #   time, time to the first step after the restore, image size; gpucr also
-#   from its image after a daemon restart; steady-state step time with and
-#   without gpucr's shim (the CUDA program and PyTorch training).
+#   from its image after a daemon restart; the PyTorch workloads; what a
+#   checkpoint of a running program costs its loop; the image engine on
+#   tmpfs and disk; steady-state step time with and without gpucr's shim.
+# Knobs: SIZES, SYSTEMS, WORKLOADS, WORKLOAD_SYSTEMS, CKPT_WORKLOADS
+# (default cuda-prog-16; e.g. "cuda-prog-16 torch-train"), CKPT_SYSTEMS,
+# IMG_GIB, DISK_GIB (0: no disk), BENCH_DISK_DIR, STEPS, BENCH_BUDGET_S
+# (default 540: later sections are skipped past it, to fit one 10-minute
+# call).
 # Writes RESULTS_DIR/<date>-<gpu>.{log,json,md,png} (default: results/ beside this script).
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
@@ -33,6 +39,13 @@ STEPS=${STEPS:-30}
 	echo "# workload: cuda-prog, 16 buffers, 4 streams, dumped at step 10 of $STEPS; images on $WORK (tmpfs)"
 } >"$log"
 emit() { echo "BENCH $*" | tee -a "$log"; }
+# One call of the device tool allows 10 minutes: the later sections are
+# skipped (and say so) once BENCH_BUDGET_S seconds have gone.
+over_budget() {
+	[ "$SECONDS" -lt "${BENCH_BUDGET_S:-540}" ] && return 1
+	echo "# skipped after ${SECONDS}s (BENCH_BUDGET_S=${BENCH_BUDGET_S:-540}): $1" | tee -a "$log"
+	return 0
+}
 
 start_gpucrd || { echo "gpucrd did not start"; exit 1; }
 for g in ${SIZES:-1 4 16}; do
@@ -53,7 +66,7 @@ if python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
 	for name in ${WORKLOADS:-$WORKLOADS_ALL}; do
 		cmd=$(workload_cmd "$name") || continue
 		$cmd "$WORK/$name-ref.log" >"$WORK/$name-ref.err" 2>&1 || { emit "system=reference workload=$name ok=0 reason=\"$(tail -1 "$WORK/$name-ref.err" | tr '"' ' ')\""; continue; }
-		for sys in ${WORKLOAD_SYSTEMS:-stock gpucr gpucr-bg}; do
+		for sys in ${WORKLOAD_SYSTEMS:-stock gpucr-bg}; do
 			if r=$(cr_cycle "$sys" "$name" 8 "$WORK/$name-ref.log" "$cmd"); then
 				set -- $r
 				emit "system=$sys workload=$name ok=1 dump_s=$1 restore_s=$2 first_step_s=$3 image_bytes=$4"
@@ -69,11 +82,12 @@ fi
 # chunks they write), gpucr-stop (stopped until its image is written) and
 # the stock path (criu dump -R with CRIU's cuda plugin); each checkpoint is
 # then restored and must go on bit-identically.
-for w in "cuda-prog-16|$B/tests/gpu/cuda-prog --gib 16 --steps 40 --step-ms 50 --out" \
-	"torch-train|$(workload_cmd torch-train)"; do
-	name=${w%%|*}
-	cmd=${w#*|}
-	[ "$name" = torch-train ] && ! python3 -c 'import torch' 2>/dev/null && continue
+for name in ${CKPT_WORKLOADS:-cuda-prog-16}; do
+	case $name in
+	cuda-prog-*) cmd="$B/tests/gpu/cuda-prog --gib ${name#cuda-prog-} --steps 40 --step-ms 50 --out" ;;
+	*) cmd=$(workload_cmd "$name") || continue ;;
+	esac
+	over_budget "checkpoints of a running program ($name)" && break
 	$cmd "$WORK/ck-ref-$name.log" >/dev/null 2>&1 || continue
 	for sys in ${CKPT_SYSTEMS:-stock gpucr-stop gpucr}; do
 		if r=$(ckpt_cycle "$sys" "$name" 10 "$WORK/ck-ref-$name.log" "$cmd"); then
@@ -92,7 +106,8 @@ stop_gpucrd
 gbs() { grep -o '[0-9.]* GB/s' | head -1 | cut -d' ' -f1; }
 IMG_GIB=${IMG_GIB:-16}
 mkdir -p "$WORK/imgbench"
-if out=$("$B/bin/imgbench" --gib "$IMG_GIB" --dir "$WORK/imgbench" --ceilings 2>&1); then
+if over_budget "image engine on tmpfs"; then :
+elif out=$("$B/bin/imgbench" --gib "$IMG_GIB" --dir "$WORK/imgbench" --ceilings 2>&1); then
 	echo "$out" | sed 's/^/    imgbench| /' >>"$log"
 	emit "image=tmpfs gib=$IMG_GIB write_gbs=$(echo "$out" | grep '^write' | gbs) read_gbs=$(echo "$out" | grep '^read' | gbs)" \
 		"ceil_d2h_gbs=$(echo "$out" | grep 'ceiling.*GPU' | gbs) ceil_files_gbs=$(echo "$out" | grep 'ceiling.*files' | gbs)"
@@ -102,7 +117,7 @@ fi
 rm -rf "$WORK/imgbench"
 DISK_DIR=${BENCH_DISK_DIR:-/var/tmp/gpucr-bench}
 DISK_GIB=${DISK_GIB:-8}
-if [ "$DISK_GIB" != 0 ] && mkdir -p "$DISK_DIR" && [ "$(stat -f -c %T "$DISK_DIR")" != tmpfs ]; then
+if [ "$DISK_GIB" != 0 ] && ! over_budget "image engine on disk" && mkdir -p "$DISK_DIR" && [ "$(stat -f -c %T "$DISK_DIR")" != tmpfs ]; then
 	ddw=$(dd if=/dev/zero of="$DISK_DIR/dd" bs=64M count=$((DISK_GIB * 16)) oflag=direct 2>&1 | tee -a "$log" | awk '/copied/ { print $1 / $(NF-1) }')
 	ddr=$(dd if="$DISK_DIR/dd" of=/dev/null bs=64M iflag=direct 2>&1 | tee -a "$log" | awk '/copied/ { print $1 / $(NF-1) }')
 	rm -f "$DISK_DIR/dd"
@@ -124,6 +139,7 @@ median_step_ms() { # times file: "K SECONDS" per step
 		awk '{ v[NR] = $1 } END { if (NR) printf "%.3f", v[int((NR + 1) / 2)] * 1000; else printf "nan" }'
 }
 for shim in 0 1 1 0; do
+	over_budget "steady state" && break
 	envx=()
 	[ $shim = 1 ] && envx=(LD_LIBRARY_PATH=$B/lib/gpucr GPUCR_DAEMON=0)
 	rm -f "$WORK/st.times"

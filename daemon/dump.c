@@ -63,6 +63,8 @@ struct concurrent {
 	size_t nwanted, capwanted, head;
 	struct img_hooks hooks;
 	int resume_at_end;          /* the shim refused the epoch: plain Resume when written */
+	int gated_ok;               /* a save epoch may stand in for a copy on the GPU */
+	int decided, copied;        /* the copy at T was tried; it was made */
 };
 
 struct dump_op {
@@ -241,6 +243,15 @@ static void hook_saved(void *data, uint64_t va, uint64_t len)
 	uv_async_send(&cc->async);
 }
 
+static void hook_copied(void *data, int made)
+{
+	struct concurrent *cc = data;
+
+	__atomic_store_n(&cc->copied, made, __ATOMIC_RELAXED);
+	__atomic_store_n(&cc->decided, 1, __ATOMIC_RELEASE);
+	uv_async_send(&cc->async);
+}
+
 static int hook_wanted(void *data, uint64_t *va, uint64_t *len)
 {
 	struct concurrent *cc = data;
@@ -337,7 +348,7 @@ static void on_cc_async(uv_async_t *h)
 
 	if (!p)
 		return;
-	if (__atomic_load_n(&op->cc->fp_ready, __ATOMIC_ACQUIRE) && p->remap_waiting) {
+	if (dump_remap_now(p) && p->remap_waiting) {
 		/* It came back before the fingerprints were taken. */
 		struct conn *w = p->remap_waiting;
 
@@ -351,8 +362,14 @@ static void on_cc_async(uv_async_t *h)
 
 int dump_remap_now(struct proc *p)
 {
-	return p->dump && p->dump->cc && p->dump->phase == PH_WRITING &&
-	       __atomic_load_n(&p->dump->cc->fp_ready, __ATOMIC_ACQUIRE);
+	struct concurrent *cc = p->dump ? p->dump->cc : NULL;
+
+	if (!cc || p->dump->phase != PH_WRITING || !__atomic_load_n(&cc->fp_ready, __ATOMIC_ACQUIRE))
+		return 0;
+	/* After a write escaped prediction in one of its epochs, the process
+	 * runs early only with a copy made on the GPU at T. */
+	return cc->gated_ok ||
+	       (__atomic_load_n(&cc->decided, __ATOMIC_ACQUIRE) && __atomic_load_n(&cc->copied, __ATOMIC_RELAXED));
 }
 
 int dump_allows_reattach(struct proc *p)
@@ -428,6 +445,12 @@ static int cc_start(struct dump_op *op)
 	cc->hooks.fingerprinted = hook_fingerprinted;
 	cc->hooks.saved = hook_saved;
 	cc->hooks.wanted = hook_wanted;
+	cc->hooks.copied = hook_copied;
+	cc->gated_ok = !op->p->escaped;
+	if (op->p->escaped)
+		pr_info("pid %d (%s): a GPU write escaped prediction in an earlier checkpoint: this one lets it run "
+			"early only with a copy of its memory made on the GPU",
+			(int)op->p->pid, op->p->comm);
 	op->cc = cc;
 	op->st.hooks = &cc->hooks;
 	return 0;
@@ -477,8 +500,10 @@ static void write_done(void *data, int status)
 		}
 		if (op->cc->resume_at_end)
 			send_resume(p);
-		if (op->err == -ESTALE)
+		if (op->err == -ESTALE) {
 			pr_warn("pid %d (%s): %s", (int)op->pid, p->comm, op->msg);
+			p->escaped = 1;
+		}
 	}
 	waiting = p->remap_waiting;
 	p->remap_waiting = NULL;

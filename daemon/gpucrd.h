@@ -63,6 +63,7 @@ struct proc {
 	int save_epoch;             /* 1: Resume{save_epoch} sent, 2: the shim runs in it */
 	int dump_woken;             /* the plugin's Wake came during this dump: CRIU is done */
 	int dump_err;               /* how its last dump's image failed (0: it did not) */
+	int escaped;                /* a write escaped prediction in one of its save epochs */
 	char dump_msg[512];
 	struct proc *next;
 };
@@ -143,6 +144,8 @@ struct img_hooks {
 	void (*saved)(void *data, uint64_t va, uint64_t len);
 	/* the next range the process waits for; 0 when none */
 	int (*wanted)(void *data, uint64_t *va, uint64_t *len);
+	/* whether the memory was copied on the GPU at T (after fingerprinted) */
+	void (*copied)(void *data, int made);
 };
 
 struct img_stats {
@@ -150,6 +153,7 @@ struct img_stats {
 	const struct img_hooks *hooks;  /* imgio_write: a concurrent checkpoint, or NULL */
 	uint64_t bytes, stored, elapsed_ns;
 	uint32_t control_tid, uid;      /* imgio_read: from the image header */
+	int escaped;
 	char comm[64];
 };
 /* Pins the staging buffers image transfers use ahead of the first one. */

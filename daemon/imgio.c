@@ -874,6 +874,8 @@ int imgio_write(struct proc *p, int dirfd, struct img_stats *st, char *msg, size
 	hdr.driver_version = drv ? (uint32_t)drv->version : 0;
 	hdr.has_uid = 1;
 	hdr.uid = p->uid;
+	hdr.has_escaped = p->escaped != 0;
+	hdr.escaped = p->escaped != 0;
 	hdr.has_control_tid = p->control_tid != 0;
 	hdr.control_tid = (uint32_t)p->control_tid;
 	/* On tmpfs, one pages file per writer thread: writers of one file
@@ -1025,13 +1027,18 @@ int imgio_write(struct proc *p, int dirfd, struct img_stats *st, char *msg, size
 	x.msg = msg;
 	x.msglen = msglen;
 	if (x.hooks) {
+		int made = 0;
+
 		spare = calloc(nruns ? nruns : 1, sizeof(*spare));
 		if (spare) {
 			r = spare_snapshot(&x, runs, nruns, spare, msg, msglen);
 			if (r < 0)
 				goto out;
+			made = r;
 			r = 0;
 		}
+		if (x.hooks->copied)
+			x.hooks->copied(x.hooks->data, made);
 	}
 	r = transfer(&x);
 	if (r < 0)
@@ -1120,6 +1127,7 @@ int imgio_read(pid_t pid, int dirfd, struct rbuf **ret_bufs, struct img_stats *s
 		return r;
 	}
 	st->control_tid = img->hdr->has_control_tid ? img->hdr->control_tid : 0;
+	st->escaped = img->hdr->has_escaped && img->hdr->escaped;
 	st->uid = img->hdr->has_uid ? img->hdr->uid : 0;
 	snprintf(st->comm, sizeof(st->comm), "%s", img->hdr->comm ? img->hdr->comm : "");
 	bv = calloc(img->nbuffers + 1, sizeof(*bv));

@@ -173,6 +173,7 @@ static void load_done(void *data, int status)
 	}
 	p->state = GPUCR__PROC_STATE__PROC_RESTORING;
 	p->control_tid = (pid_t)op->control_tid;
+	p->escaped = op->st.escaped;
 	p->t_restore = op->t_start;
 	pr_info("pid %d: %llu MiB loaded from the image in %.2f s (%.1f GB/s)%s; waiting for the process to map it",
 		(int)op->pid, (unsigned long long)(op->st.bytes >> 20), op->st.elapsed_ns / 1e9,

@@ -291,6 +291,10 @@ for i in \$(seq 1 400); do [ -f $W/$name.out ] && [ \$(wc -l <$W/$name.out) -ge 
 $B/bin/gpucr dump --pid \$pid -D $W/$name -R >$W/$name.dump.out 2>&1 || exit 10
 kill -9 \$pid; wait \$pid 2>/dev/null
 $B/bin/gpucr restore -D $W/$name || exit 11
+if [ $esc = 1 ]; then # a second checkpoint of the restored process
+	sleep 0.3
+	$B/bin/gpucr dump --pid \$pid -D $W/$name-2 -R >$W/$name.dump2.out 2>&1 || exit 12
+fi
 for i in \$(seq 1 1500); do grep -q '^done' $W/$name.out 2>/dev/null && break; sleep 0.02; done
 FLOW
 	"$B/tests/e2e-subreaper" bash "$W/$name.sh" >"$W/$name.flow.log" 2>&1
@@ -320,6 +324,15 @@ else
 	bad "escape: the unpredicted write was not detected"
 	cat "$W/escape.dump.out" | sed 's/^/    /'
 	grep "pid $epid " "$W/gpucrd.log" | sed 's/^/    gpucrd| /'
+fi
+# The process is remembered: its next checkpoint (no room on the GPU for a
+# copy here) keeps it stopped until its memory is saved, and needs no retry.
+if grep -q "pid $epid (.*): a GPU write escaped prediction in an earlier checkpoint" "$W/gpucrd.log" &&
+	! grep -q "retrying" "$W/escape.dump2.out" && "$B/bin/gpucr" inspect --verify "$W/escape-2" >/dev/null; then
+	ok "escape: the next checkpoint of the process did not run it in a save epoch, and its image verifies"
+else
+	bad "escape: the next checkpoint after an escape"
+	cat "$W/escape.dump2.out" 2>/dev/null | sed 's/^/    /'
 fi
 # 12. the same with room on the GPU: the memory is copied device to device
 # at T, so the process waits for nothing and a write through a pointer held

@@ -137,6 +137,9 @@ static void print_human(const struct gpucr_image *img, const char *dir)
 	       img->nbuffers, cli_bytes(b1, sizeof(b1), t.bytes), cli_bytes(b2, sizeof(b2), t.stored),
 	       cli_bytes(b3, sizeof(b3), t.zero), t.chunks,
 	       cli_bytes((char[32]){ 0 }, 32, h->has_chunk_size ? h->chunk_size : 0));
+	if (h->has_escaped && h->escaped)
+		printf("  a GPU write of this process escaped prediction in a concurrent checkpoint: its later "
+		       "checkpoints do not run it while its memory is saved unless copied on the GPU\n");
 	if (img->nbuffers)
 		printf("  %-18s %12s  %-8s %7s\n", "ADDRESS", "SIZE", "KIND", "CHUNKS");
 	for (i = 0; i < img->nbuffers; i++) {
@@ -159,6 +162,7 @@ static void print_json(struct json *j, const struct gpucr_image *img)
 	json_str(j, "comm", h->comm);
 	json_u64(j, "format_version", h->format_version);
 	json_str(j, "writer", h->writer);
+	json_bool(j, "escaped", h->has_escaped && h->escaped);
 	json_u64(j, "created_unix_ns", h->has_created_unix_ns ? h->created_unix_ns : 0);
 	json_u64(j, "chunk_size", h->has_chunk_size ? h->chunk_size : 0);
 	json_u64(j, "bytes", t.bytes);

@@ -328,7 +328,8 @@ fi
 # The process is remembered: its next checkpoint (no room on the GPU for a
 # copy here) keeps it stopped until its memory is saved, and needs no retry.
 if grep -q "pid $epid (.*): a GPU write escaped prediction in an earlier checkpoint" "$W/gpucrd.log" &&
-	! grep -q "retrying" "$W/escape.dump2.out" && "$B/bin/gpucr" inspect --verify "$W/escape-2" >/dev/null; then
+	! grep -q "retrying" "$W/escape.dump2.out" && "$B/bin/gpucr" inspect --verify "$W/escape-2" >/dev/null &&
+	"$B/bin/gpucr" inspect --json "$W/escape-2" | grep -q '"escaped":true'; then
 	ok "escape: the next checkpoint of the process did not run it in a save epoch, and its image verifies"
 else
 	bad "escape: the next checkpoint after an escape"

@@ -135,7 +135,7 @@ fi
 # programs' own per-step timestamps, so process start and CUDA/PyTorch
 # initialisation are left out, and the whole run's wall time.
 median_step_ms() { # times file: "K SECONDS" per step
-	awk 'NR > 1 { printf "%.6f\n", $2 - p } { p = $2 }' "$1" | sort -n |
+	step_intervals "$1" |
 		awk '{ v[NR] = $1 } END { if (NR) printf "%.3f", v[int((NR + 1) / 2)] * 1000; else printf "nan" }'
 }
 for shim in 0 1 1 0; do

@@ -316,6 +316,17 @@ static struct run *wanted_run(struct xfer *x)
 	return NULL;
 }
 
+/* What a concurrent write says when a chunk is not what it was at T. */
+static int escape_msg(char *msg, size_t msglen, const struct run *rn, uint64_t chunk_off)
+{
+	snprintf(msg, msglen,
+		 "buffer 0x%" PRIx64 ": chunk at offset %" PRIu64
+		 " changed while it was being saved: a GPU write escaped prediction (through a "
+		 "pointer held in device memory?); this checkpoint is not valid",
+		 rn->b->va, chunk_off);
+	return -ESTALE;
+}
+
 /* A concurrent write: the slice's chunks, now in staging, must be what they
  * were at T; anything else is a write that escaped prediction. */
 static int slice_check(struct xfer *x, const struct slice *sl, const void *buf)
@@ -330,11 +341,9 @@ static int slice_check(struct xfer *x, const struct slice *sl, const void *buf)
 		const Gpucr__Chunk *ch = &rn->chunks[(at - first) / x->chunk];
 
 		if (fp_chunk((const char *)buf + off, n, 0) != ch->fingerprint) {
-			set_err(x, -ESTALE,
-				"buffer 0x%" PRIx64 ": chunk at offset %" PRIu64
-				" changed while it was being saved: a GPU write escaped prediction (through a "
-				"pointer held in device memory?); this checkpoint is not valid",
-				rn->b->va, ch->offset);
+			char why[300];
+
+			set_err(x, escape_msg(why, sizeof(why), rn, ch->offset), "%s", why);
 			return -ESTALE;
 		}
 	}
@@ -770,14 +779,8 @@ static int spare_snapshot(struct xfer *x, struct run *runs, size_t nruns, struct
 		}
 		r = gpu_fingerprint(rn->b->mem.dev, spare[i].va, rn->len, x->chunk, fp, nz);
 		for (c = 0; c < n && !r; c++)
-			if (fp[c] != rn->chunks[c].fingerprint) {
-				r = -ESTALE;
-				snprintf(msg, msglen,
-					 "buffer 0x%" PRIx64 ": chunk at offset %" PRIu64
-					 " changed while it was being saved: a GPU write escaped prediction (through a "
-					 "pointer held in device memory?); this checkpoint is not valid",
-					 rn->b->va, rn->chunks[c].offset);
-			}
+			if (fp[c] != rn->chunks[c].fingerprint)
+				r = escape_msg(msg, msglen, rn, rn->chunks[c].offset);
 		free(fp);
 		free(nz);
 		if (r < 0)

@@ -2,6 +2,13 @@
 # Needs: B (the bundle root), WORK (a scratch dir on tmpfs).
 
 now() { date +%s.%N; }
+
+# The intervals between a program's steps, in seconds, sorted, from its
+# --times file ("K SECONDS" per step). (Plain awk and sort: no gawk on
+# every host.)
+step_intervals() {
+	awk 'NR > 1 { printf "%.6f\n", $2 - p } { p = $2 }' "$1" | sort -n
+}
 elapsed() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3f", b - a }'; }
 
 # Waits until FILE has a line "step N ..." with N >= $2 (or "done"), max $3 s.
@@ -201,8 +208,7 @@ FLOW
 		echo "after the restore of the checkpoint, the output differs from the uninterrupted run: $(diff <(sort -u "$ref") <(sort -u "$dir/out.log") | head -3 | tr '\n' ' ')"
 		return 1
 	fi
-	# (plain awk: no gawk on every host)
-	echo "$(awk 'NR > 1 { printf "%.6f\n", $2 - p } { p = $2 }' "$dir/times.run" | sort -n |
+	echo "$(step_intervals "$dir/times.run" |
 		awk '{ v[NR] = $1 } END { printf "%.0f", (v[NR] - v[int((NR + 1) / 2)]) * 1000 }') $(cat "$dir/figures")"
 	rm -rf "$dir/img"
 }

@@ -168,17 +168,13 @@ static void wait_running(long pid, double limit)
 	double t0 = mono();
 
 	while (!stop && mono() - t0 < limit) {
-		Gpucr__Msg m = GPUCR__MSG__INIT, *rep = NULL;
-		Gpucr__PsRequest ps = GPUCR__PS_REQUEST__INIT;
+		Gpucr__Msg *rep = NULL;
 		int busy = 0;
+		char why[256];
 		size_t i;
 
-		m.body_case = GPUCR__MSG__BODY_PS;
-		m.ps = &ps;
-		if (cli_call(&m, -1, &rep) < 0 || rep->err || rep->body_case != GPUCR__MSG__BODY_PS_REPLY) {
-			msg_free(rep);
+		if (cli_ps(&rep, why, sizeof(why)) < 0)
 			return;
-		}
 		for (i = 0; i < rep->ps_reply->n_procs; i++) {
 			Gpucr__ProcInfo *p = rep->ps_reply->procs[i];
 

@@ -50,6 +50,9 @@ int cli_dump(long pid, const char *dir, int leave, const char *criu_given, char 
 /* client.c */
 int cli_connect(const char *socket_path);
 int cli_call(Gpucr__Msg *req, int fd, Gpucr__Msg **ret);
+/* gpucrd's process list: 0 and the PsReply message in *ret (msg_free it),
+ * or an error with why said in why. */
+int cli_ps(Gpucr__Msg **ret, char *why, size_t whylen);
 int cli_own_path(char *buf, size_t len, const char *rel);
 
 #endif

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "err.h"
 #include "sock.h"
 
 static int fd_ = -1;
@@ -61,6 +62,26 @@ int cli_call(Gpucr__Msg *req, int fd, Gpucr__Msg **ret)
 		}
 		msg_free(rep);
 	}
+}
+
+int cli_ps(Gpucr__Msg **ret, char *why, size_t whylen)
+{
+	Gpucr__Msg m = GPUCR__MSG__INIT, *rep = NULL;
+	Gpucr__PsRequest ps = GPUCR__PS_REQUEST__INIT;
+	int r;
+
+	m.body_case = GPUCR__MSG__BODY_PS;
+	m.ps = &ps;
+	r = cli_call(&m, -1, &rep);
+	if (r == 0 && !rep->err && rep->body_case == GPUCR__MSG__BODY_PS_REPLY) {
+		*ret = rep;
+		return 0;
+	}
+	snprintf(why, whylen, "%s", r < 0 ? gpucr_strerror(r) : rep->err_msg ? rep->err_msg : "bad reply");
+	if (r == 0)
+		r = rep->err ? rep->err : -EPROTO;
+	msg_free(rep);
+	return r;
 }
 
 /* <dir of the gpucr binary>/../REL, if it exists. */

@@ -197,19 +197,15 @@ static void image_summary(const char *dir)
 static int images_in_progress(const char *real, uint32_t *pids, size_t max, size_t *n, uint64_t *done,
 			      uint64_t *total)
 {
-	Gpucr__Msg m = GPUCR__MSG__INIT, *rep = NULL;
-	Gpucr__PsRequest ps = GPUCR__PS_REQUEST__INIT;
+	Gpucr__Msg *rep = NULL;
 	int writing = 0;
+	char why[256];
 	size_t i;
 
 	*n = 0;
 	*done = *total = 0;
-	m.body_case = GPUCR__MSG__BODY_PS;
-	m.ps = &ps;
-	if (cli_call(&m, -1, &rep) < 0 || rep->err || rep->body_case != GPUCR__MSG__BODY_PS_REPLY) {
-		msg_free(rep);
+	if (cli_ps(&rep, why, sizeof(why)) < 0)
 		return -EIO;
-	}
 	for (i = 0; i < rep->ps_reply->n_procs; i++) {
 		Gpucr__ProcInfo *p = rep->ps_reply->procs[i];
 

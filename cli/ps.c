@@ -61,10 +61,10 @@ int cmd_ps(int argc, char **argv)
 		{ "socket", required_argument, NULL, 's' },
 		{ NULL, 0, NULL, 0 },
 	};
-	Gpucr__Msg m = GPUCR__MSG__INIT, *rep = NULL;
-	Gpucr__PsRequest ps = GPUCR__PS_REQUEST__INIT;
+	Gpucr__Msg *rep = NULL;
 	const char *path = NULL;
-	int as_json = 0, c, r;
+	char why[512];
+	int as_json = 0, c;
 	size_t i;
 
 	while ((c = getopt_long(argc, argv, "js:", opts, NULL)) != -1) {
@@ -77,12 +77,8 @@ int cmd_ps(int argc, char **argv)
 	}
 	if (connect_or_say("ps", path) < 0)
 		return CLI_FAIL;
-	m.body_case = GPUCR__MSG__BODY_PS;
-	m.ps = &ps;
-	r = cli_call(&m, -1, &rep);
-	if (r < 0 || rep->err || rep->body_case != GPUCR__MSG__BODY_PS_REPLY) {
-		fprintf(stderr, "gpucr ps: %s\n", r < 0 ? gpucr_strerror(r) : rep->err_msg ? rep->err_msg : "bad reply");
-		msg_free(rep);
+	if (cli_ps(&rep, why, sizeof(why)) < 0) {
+		fprintf(stderr, "gpucr ps: %s\n", why);
 		return CLI_FAIL;
 	}
 	if (as_json) {

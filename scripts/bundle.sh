@@ -85,7 +85,7 @@ fi
 for d in tests/gpu tests/e2e bench scripts; do
 	[ -d "$d" ] || continue
 	mkdir -p "$out/share/gpucr/$d"
-	find "$d" -maxdepth 1 -type f \( -name '*.sh' -o -name '*.py' -o -name '*.cu' -o -name '*.c' \) \
+	find "$d" -maxdepth 1 -type f \( -name '*.sh' -o -name '*.bash' -o -name '*.py' -o -name '*.cu' -o -name '*.c' \) \
 		-exec cp {} "$out/share/gpucr/$d/" \;
 done
 cp tests/run-tests.sh "$out/share/gpucr/tests/"

@@ -23,27 +23,7 @@ export CRIU_LIBS_DIR=$B/lib/criu
 # that passed the gate just before it closed.
 APP_ENV=(env LD_LIBRARY_PATH=$B/lib/gpucr GPUCR_REAL_LIBCUDA=$FAKE GPUCR_QUIESCE_GRACE_MS=50)
 STEPS=60
-fails=0
-
-cleanup() {
-	pkill -f "gpucrd --socket $GPUCR_SOCKET" 2>/dev/null
-	[ -n "${GPUCR_TEST_KEEP:-}" ] || rm -rf "$W"
-}
-trap cleanup EXIT
-
-ok() { echo "ok: $*"; }
-bad() { echo "FAIL: $*"; fails=$((fails + 1)); }
-
-start_daemon() {
-	"$B/bin/gpucrd" --socket "$GPUCR_SOCKET" --log "$W/gpucrd.log" </dev/null >/dev/null 2>&1 &
-	for _ in $(seq 1 100); do [ -S "$GPUCR_SOCKET" ] && return 0; sleep 0.05; done
-	echo "gpucrd did not start"; cat "$W/gpucrd.log"; exit 1
-}
-stop_daemon() {
-	pkill -f "gpucrd --socket $GPUCR_SOCKET"
-	for _ in $(seq 1 100); do pgrep -f "gpucrd --socket $GPUCR_SOCKET" >/dev/null || break; sleep 0.05; done
-	rm -f "$GPUCR_SOCKET"
-}
+. "$(dirname "$0")/cr-common.bash"
 
 # Reference output, no daemon.
 "${APP_ENV[@]}" GPUCR_DAEMON=0 "$B/tests/e2e-fake-app" "$W/ref" $STEPS 4 || { echo "reference run failed"; exit 1; }

@@ -24,27 +24,8 @@ export GPUCR_SOCKET=$W/gpucrd.sock GPUCR_DRIVER_LIBCUDA=$FAKE FAKECUDA_STATE_DIR
 export CRIU_LIBS_DIR=$B/lib/criu
 APP_ENV=(env LD_LIBRARY_PATH=$B/fakecuda FAKECUDA_CKPT_KEEPS_MEMORY=1 FAKECUDA_RESTORE_THREAD=1)
 STEPS=60
-fails=0
-
-cleanup() {
-	pkill -f "gpucrd --socket $GPUCR_SOCKET" 2>/dev/null
-	[ -n "${GPUCR_TEST_KEEP:-}" ] || rm -rf "$W"
-}
-trap cleanup EXIT
-
-ok() { echo "ok: $*"; }
-bad() { echo "FAIL: $*"; fails=$((fails + 1)); }
-
-start_daemon() {
-	"$B/bin/gpucrd" --socket "$GPUCR_SOCKET" --log "$W/gpucrd.log" --verbose </dev/null >/dev/null 2>&1 &
-	for _ in $(seq 1 100); do [ -S "$GPUCR_SOCKET" ] && return 0; sleep 0.05; done
-	echo "gpucrd did not start"; cat "$W/gpucrd.log"; exit 1
-}
-stop_daemon() {
-	pkill -f "gpucrd --socket $GPUCR_SOCKET"
-	for _ in $(seq 1 100); do pgrep -f "gpucrd --socket $GPUCR_SOCKET" >/dev/null || break; sleep 0.05; done
-	rm -f "$GPUCR_SOCKET"
-}
+GPUCRD_ARGS=--verbose
+. "$(dirname "$0")/cr-common.bash"
 
 # Reference output: the same application, never dumped.
 "${APP_ENV[@]}" "$B/tests/e2e-fake-app" "$W/ref" $STEPS 4 || { echo "reference run failed"; exit 1; }

@@ -11,7 +11,7 @@
  * dumped, killed and restored must write the same file as one that was not.
  *
  * FAKE_APP_ESCAPE=1 adds, before every launch, a kernel whose only parameter
- * is a small buffer holding the address of another buffer (16 MiB, written
+ * is a small buffer holding the address of another buffer (32 MiB, written
  * by nothing else), which it writes through that pointer: a write no launch
  * decoding can predict. */
 #include <signal.h>
@@ -72,7 +72,7 @@ int main(int argc, char **argv)
 	uint64_t *host;
 	CUfunction fn, efn = NULL;
 	CUdeviceptr holder = 0, victim = 0;
-	size_t vicn = (size_t)16 << 17; /* 16 MiB of u64 */
+	size_t vicn = (size_t)32 << 17; /* 32 MiB of u64 */
 	uint64_t *vhost = NULL;
 	const char *times = NULL;
 	int escape = getenv("FAKE_APP_ESCAPE") && atoi(getenv("FAKE_APP_ESCAPE"));

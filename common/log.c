@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "log.h"
@@ -86,8 +87,15 @@ static void log_vmsg(enum log_level level, const char *file, int line, const cha
 		return;
 	if (level == LOG_INFO)
 		append(buf, sizeof(buf), &n, "%s: ", log_prefix);
-	else if (level == LOG_DEBUG)
-		append(buf, sizeof(buf), &n, "%s[%d] %s:%d: ", log_prefix, (int)getpid(), file, line);
+	else if (level == LOG_DEBUG) {
+		struct timespec ts;
+
+		/* Monotonic seconds: lines of the daemon, the shim and the plugin
+		 * (all on one host) can be put side by side. */
+		clock_gettime(CLOCK_MONOTONIC, &ts);
+		append(buf, sizeof(buf), &n, "%s[%d] %ld.%03ld %s:%d: ", log_prefix, (int)getpid(), (long)ts.tv_sec,
+		       ts.tv_nsec / 1000000, file, line);
+	}
 	else
 		append(buf, sizeof(buf), &n, "%s: %s: ", log_prefix, names[level]);
 	vappend(buf, sizeof(buf), &n, fmt, ap);

@@ -450,28 +450,35 @@ static int gpucr_resume_devices_late(int pid)
 	if (has_gpucr_image(pid)) {
 		Gpucr__Msg *rep = NULL;
 
-		/* Made ready (or being loaded) since init; this waits for the
-		 * load and binds the memory to the recreated process. CRIU goes
-		 * on after a failure of this hook, so a process whose memory
-		 * cannot be loaded is killed here: it never runs without it, and
-		 * CRIU, finding it gone, fails the restore. */
-		r = prepare_restore(pid, 0, &rep);
-		if (r == 0 && rep->restore_reply && !rep->restore_reply->from_retained)
-			pl_info("pid %d: GPU memory loaded from the image and checked", pid);
-		msg_free(rep);
-		if (r < 0) {
-			pl_err("pid %d: its GPU memory could not be restored; killing it so that it does not run "
-			       "without it (the restore fails)", pid);
-			kill(pid, SIGKILL);
-			return r;
-		}
+		/* The driver's restore first: it brings back only the context
+		 * (the process's device memory was released before the driver
+		 * checkpoint), and it runs while gpucrd still loads the image
+		 * (made ready, or being loaded, since init). The shim's control
+		 * thread maps the memory only when woken at the end of the
+		 * restore, after the load. */
 		t = track(pid);
 		if (!t)
 			return -ENOMEM;
 		t->gpucr = 1;
 		t->checkpointed = t->locked = 1;
 		t->initial = GPUCR__DRIVER_STATE__DRV_STATE_RUNNING;
-		return driver_resume(t);
+		r = driver_resume(t);
+		/* This waits for the load and binds the memory to the recreated
+		 * process. CRIU goes on after a failure of this hook, so a
+		 * process whose memory cannot be loaded is killed here: it never
+		 * runs without it, and CRIU, finding it gone, fails the restore. */
+		r2 = prepare_restore(pid, 0, &rep);
+		if (r2 == 0 && rep->restore_reply && !rep->restore_reply->from_retained)
+			pl_info("pid %d: GPU memory loaded from the image and checked", pid);
+		msg_free(rep);
+		if (r2 < 0) {
+			pl_err("pid %d: its GPU memory could not be restored; killing it so that it does not run "
+			       "without it (the restore fails)", pid);
+			kill(pid, SIGKILL);
+			t->gpucr = 0;
+			return r2;
+		}
+		return r;
 	}
 	r = drv_op(pid, GPUCR__DRIVER_OP_KIND__DRV_GET_RESTORE_TID, 0, NULL, &tid, msg, sizeof(msg));
 	if (r < 0 || tid <= 0)

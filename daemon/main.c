@@ -105,7 +105,7 @@ static void *warm_up(void *arg)
 		return NULL;
 	}
 	imgio_prefill();
-	pr_debug("GPU ready after %.1f ms", (now_ns() - t0) / 1e6);
+	pr_info("GPU ready: driver started and staging pinned in %.1f ms", (now_ns() - t0) / 1e6);
 	return NULL;
 }
 

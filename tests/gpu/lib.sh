@@ -69,6 +69,9 @@ workload_cmd() {
 	torch-generate) echo "python3 $G/torch_generate.py --tokens 40 --step-sleep 0.15 --out" ;;
 	cublas-gemm) echo "python3 $G/gemm_loop.py --steps 40 --step-sleep 0.15 --out" ;;
 	torch-compile) echo "python3 $G/torch_train.py --compile --steps 30 --step-sleep 0.2 --out" ;;
+	# ~0.6 G parameters with Adam: about 12 GB of GPU state (issue 7's
+	# checkpoint-cost workload); not in WORKLOADS_ALL
+	torch-train-big) echo "python3 $G/torch_train.py --dim 2048 --layers 12 --steps 30 --step-sleep 0.05 --out" ;;
 	*) return 1 ;;
 	esac
 }
@@ -135,7 +138,15 @@ FLOW
 		stop_gpucrd
 		sleep 0.3
 		rm -f "$GPUCR_SOCKET"
+		local seen
+		seen=$(grep -c 'GPU ready' "$WORK/gpucrd.log" 2>/dev/null)
 		start_gpucrd
+		# A daemon that has been up a moment: its start-up warm-up (the
+		# driver, pinned staging; under a second) is not the restore's.
+		for ((i = 0; i < 100; i++)); do
+			[ "$(grep -c 'GPU ready' "$WORK/gpucrd.log" 2>/dev/null)" -gt "${seen:-0}" ] && break
+			sleep 0.1
+		done
 	fi
 	touch "$dir/go"
 	if ! wait $fpid; then

@@ -79,8 +79,8 @@ fi
 
 # Checkpoints of a running program (left running): what one costs its loop,
 # for gpucr (concurrent: a copy on the GPU at T, or calls waiting for the
-# chunks they write), gpucr-stop (stopped until its image is written) and
-# the stock path (criu dump -R with CRIU's cuda plugin); each checkpoint is
+# chunks they write) and the stock path; CKPT_SYSTEMS may add gpucr-stop
+# (stopped until its image is written; the GPU suite measures it) (criu dump -R with CRIU's cuda plugin); each checkpoint is
 # then restored and must go on bit-identically.
 for name in ${CKPT_WORKLOADS:-cuda-prog-16}; do
 	case $name in
@@ -89,7 +89,7 @@ for name in ${CKPT_WORKLOADS:-cuda-prog-16}; do
 	esac
 	over_budget "checkpoints of a running program ($name)" && break
 	$cmd "$WORK/ck-ref-$name.log" >/dev/null 2>&1 || continue
-	for sys in ${CKPT_SYSTEMS:-stock gpucr-stop gpucr}; do
+	for sys in ${CKPT_SYSTEMS:-stock gpucr}; do
 		if r=$(ckpt_cycle "$sys" "$name" 10 "$WORK/ck-ref-$name.log" "$cmd"); then
 			set -- $r
 			emit "ckpt=$name system=$sys ok=1 lost_ms=$1 checkpoint_s=$2 restore_s=$3"

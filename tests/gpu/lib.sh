@@ -219,6 +219,11 @@ FLOW
 		echo "after the restore of the checkpoint, the output differs from the uninterrupted run: $(diff <(sort -u "$ref") <(sort -u "$dir/out.log") | head -3 | tr '\n' ' ')"
 		return 1
 	fi
+	if [ -n "${KEEP_LOGS:-}" ] && [[ " ${KEEP_LOGS_MODES:-$mode} " == *" $mode "* ]]; then
+		mkdir -p "$KEEP_LOGS/ck-$mode-$name"
+		cp "$dir"/img/*.log "$dir"/*.log "$dir"/dump.out "$dir"/times.run "$KEEP_LOGS/ck-$mode-$name/" 2>/dev/null
+		cp "$WORK/gpucrd.log" "$KEEP_LOGS/ck-$mode-$name/" 2>/dev/null
+	fi
 	echo "$(step_intervals "$dir/times.run" |
 		awk '{ v[NR] = $1 } END { printf "%.0f", (v[NR] - v[int((NR + 1) / 2)]) * 1000 }') $(cat "$dir/figures")"
 	rm -rf "$dir/img"

@@ -8,17 +8,21 @@
 # 256 B..1 GiB, 64 MiB pinned copies) once without the shim and once with it
 # (LD_LIBRARY_PATH=$B/lib/gpucr GPUCR_DAEMON=0), then, where torch is
 # importable, bench/torch_launches.py both ways (kernels launched per
-# training step: must be the same). Prints a side-by-side table (without,
-# with, difference) and writes both runs' raw output and the comparison to
-# RAWFILE, or $OUT, or RESULTS_DIR/<date>-<gpu>-shimcost.log (RESULTS_DIR
-# defaults to results/ beside this script).
+# training step, as the profiler counts them: must be the same) and, in the
+# run with the shim, the shim's own count of the launches that passed its
+# wrappers against the profiler's launch calls and kernels of the same steps
+# (must be equal: every launch passed the shim). Prints a side-by-side table
+# (without, with, difference) and writes both runs' raw output and the
+# comparison to RAWFILE, or $OUT, or RESULTS_DIR/<date>-<gpu>-shimcost.log
+# (RESULTS_DIR defaults to results/ beside this script).
 #
 #   SHIMCOST_ARGS="--launches 100000 --reps 3"   passed to shimcost
 #   TORCH=0                                      skip the PyTorch launch count
 #   TORCH_ARGS="--compile"                       passed to torch_launches.py
 #
 # Exit 0; 1 when a run fails, the shim is not in place in the run that should
-# have it, or the launch counts differ; 77 when there is no GPU.
+# have it, the launch counts differ, or a launch did not pass the shim; 77
+# when there is no GPU.
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
 if [ -z "${B:-}" ]; then
@@ -90,6 +94,63 @@ check_shim() {
 	fi
 }
 
+# check_wrapped TAG: in a torch_launches.py run with the shim, every launch
+# passed one of its wrappers: in each measured step the shim's kernel-launch
+# count equals the profiler's kernel launch calls (launch_calls less graph
+# launches), its graph-launch count the profiler's graph launch calls, and,
+# with no graph launched, the kernels the profiler saw run. Reports step 1,
+# or the first step that differs.
+check_wrapped() {
+	local line ok
+	if ! grep -q '^TORCHLAUNCH step=' "$tmp/$1" 2>/dev/null; then
+		echo "every kernel launch passed the shim: unknown ($1 measured no step)"
+		echo "SHIMCOST-TORCH-WRAPPED ok=0 steps=0" >>"$raw"
+		fail=1
+		return 1
+	fi
+	line=$(awk '
+	function val(k,   i) {
+		for (i = 1; i <= NF; i++)
+			if (index($i, k "=") == 1)
+				return substr($i, length(k) + 2)
+		return ""
+	}
+	$1 == "TORCHLAUNCH" && $2 ~ /^step=/ {
+		n++
+		sk = val("shim_kernels"); sg = val("shim_graphs")
+		if (sk !~ /^[0-9]+$/ || sg !~ /^[0-9]+$/) { unavailable = 1; next }
+		sk += 0; sg += 0
+		pk = val("kernels") + 0; pg = val("graph_launch_calls") + 0; pl = val("launch_calls") - pg
+		bad = sk != pl || sg != pg || (pg == 0 && sk != pk)
+		nbad += bad
+		if (rep == "" || (bad && !repbad)) {
+			rep = sprintf("step=%s shim_kernels=%d shim_graphs=%d profiler_kernel_launch_calls=%d profiler_graph_launch_calls=%d profiler_kernels=%d",
+				      substr($2, 6), sk, sg, pl, pg, pk)
+			repbad = bad
+		}
+	}
+	END {
+		if (unavailable)
+			printf "ok=0 steps=%d shim_counts=unavailable\n", n
+		else
+			printf "ok=%d steps=%d bad_steps=%d %s\n", nbad == 0, n, nbad, rep
+	}' "$tmp/$1")
+	echo "SHIMCOST-TORCH-WRAPPED $line" >>"$raw"
+	ok=$(printf '%s\n' "$line" | grep -o '^ok=[01]' | cut -d= -f2)
+	wval() { printf '%s\n' "$line" | grep -o " $1=[^ ]*" | cut -d= -f2; }
+	if [ -n "$(wval shim_counts)" ]; then
+		echo "every kernel launch passed the shim: NO (the shim's counts are unavailable in $1)"
+	elif [ "$ok" = 1 ]; then
+		echo "every kernel launch passed the shim: yes (shim $(wval shim_kernels), profiler $(wval profiler_kernel_launch_calls) per step, over $(wval steps) steps)"
+	else
+		echo "every kernel launch passed the shim: NO (shim $(wval shim_kernels), profiler $(wval profiler_kernel_launch_calls) launch calls and $(wval profiler_kernels) kernels in step $(wval step); graph launches: shim $(wval shim_graphs), profiler $(wval profiler_graph_launch_calls); $(wval bad_steps) of $(wval steps) steps differ)"
+	fi
+	if [ "$ok" != 1 ]; then
+		fail=1
+		return 1
+	fi
+}
+
 # shellcheck disable=SC2086 # SHIMCOST_ARGS is a list of words
 run_one shimcost-without "${noshim[@]}" "$B/bin/shimcost" ${SHIMCOST_ARGS:-} &&
 	check_shim shimcost-without 0
@@ -156,11 +217,12 @@ if [ "${TORCH:-1}" != 0 ]; then
 			printf '%-40s %12s %12s\n' "kernels per step" "$kw" "$kv"
 			printf '%-40s %12s %12s\n' "launch API calls per step" "$lw" "$lv"
 			printf '%-40s %12s %12s\n' "steady over the measured steps" "$(sum torch-without steady)" "$(sum torch-with steady)"
-			echo "kernels per step with and without the shim: $same (the shim keeps no launch count of its own)"
+			echo "kernels per step with and without the shim (profiler): $same"
 			echo "SHIMCOST-TORCH kernels_without=$kw kernels_with=$kv launch_calls_without=$lw launch_calls_with=$lv same=$([ $same = same ] && echo 1 || echo 0)" >>"$raw"
 			[ $same = same ] || diff <(grep '^TORCHLAUNCH-KERNEL step=1 ' "$tmp/torch-without") \
 				<(grep '^TORCHLAUNCH-KERNEL step=1 ' "$tmp/torch-with") | head -20
 		fi
+		check_wrapped torch-with
 	else
 		echo
 		echo "torch launch count: skipped (python3 cannot import torch with a CUDA GPU)"

@@ -1,8 +1,10 @@
 """Kernel launches in one training step of the small GPT-style model of
 tests/gpu/torch_train.py (random init, no downloads), counted by
-torch.profiler (CUPTI). Run it without and with gpucr's shim
-(LD_LIBRARY_PATH=$B/lib/gpucr GPUCR_DAEMON=0): the counts must be the same
-(bench/shimcost.sh does both and compares).
+torch.profiler (CUPTI) and, when gpucr's shim is the libcuda.so.1 in use, by
+the shim itself (gpucr_shim_counts, libintercept/gpucr_shim.h). Run it
+without and with the shim (LD_LIBRARY_PATH=$B/lib/gpucr GPUCR_DAEMON=0): the
+profiler's counts must be the same, and with the shim every launch must have
+passed one of its wrappers (bench/shimcost.sh does both runs and compares).
 
     python3 torch_launches.py [--warmup N] [--steps N] [--compile] [--names]
                               [--dim D] [--layers L] [--batch B] [--ctx C] [--vocab V]
@@ -10,21 +12,31 @@ torch.profiler (CUPTI). Run it without and with gpucr's shim
 Each measured step is profiled on its own, after --warmup unprofiled steps
 (cuBLAS handles, the caching allocator, torch.compile's compilation). Prints
 
-    TORCHLAUNCH-INFO torch=... device=... shim=0|1 libcuda=PATH[,PATH] shim_launch_count=...
-    TORCHLAUNCH step=K kernels=N memcpy=N memset=N launch_calls=N api=NAME:N,...
+    TORCHLAUNCH-INFO torch=... device=... shim=0|1 libcuda=PATH[,PATH] shim_launch_count=available|unavailable
+    TORCHLAUNCH step=K kernels=N memcpy=N memset=N launch_calls=N graph_launch_calls=N
+                shim_kernels=N shim_graphs=N shim_copies=N shim_memsets=N api=NAME:N,...
     TORCHLAUNCH-KERNEL step=K count=N name=...     (with --names)
-    TORCHLAUNCH summary kernels_per_step=N launch_calls_per_step=N steady=yes|no
+    TORCHLAUNCH summary kernels_per_step=N launch_calls_per_step=N graph_launch_calls_per_step=N
+                shim_kernel_launches_per_step=N shim_graph_launches_per_step=N steady=yes|no
 
-kernels: GPU kernel executions ("kernel" events); launch_calls: the runtime
-and driver API calls that launch (cudaLaunchKernel, cuLaunchKernel, their Ex
-and cooperative forms, cudaGraphLaunch), listed by name in api=. steady: every
-measured step gave the same figures. libintercept keeps no launch counter of
-its own (ShimStats.launches in proto/rpc.proto is never filled), so
-shim_launch_count is "unavailable": the comparison is the profiler's figures
-with and without the shim. Exit 0; 1 on an error; 77 without a CUDA GPU or torch.
+(each TORCHLAUNCH line is one line). kernels: GPU kernel executions
+("kernel" events); launch_calls: the runtime and driver API calls that
+launch (cudaLaunchKernel, cuLaunchKernel, their Ex and cooperative forms,
+cudaGraphLaunch, cuGraphLaunch), listed by name in api=; graph_launch_calls:
+those of them that launch a graph. shim_*: the calls that passed the shim's
+kernel-launch, graph-launch, copy and memset wrappers, read from the shim
+right before the step and again after its torch.cuda.synchronize(), both
+inside the profiled window, so neither the profiler's start nor its stop
+counts. The shim counts launch calls, the profiler kernels run: with no
+graphs in the step, shim_kernels must equal both launch_calls and kernels.
+Without the shim (shim=0), or with a shim that has no gpucr_shim_counts,
+every shim_* figure is "unavailable". steady: every measured step gave the
+same figures. The summary gives step 1's. Exit 0; 1 on an error; 77 without
+a CUDA GPU or torch.
 """
 import argparse
 import collections
+import ctypes
 import json
 import os
 import sys
@@ -51,6 +63,13 @@ except ImportError as e:
 LAUNCH_APIS = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cudaLaunchCooperativeKernel",
                "cudaGraphLaunch", "cuLaunchKernel", "cuLaunchKernelEx",
                "cuLaunchCooperativeKernel", "cuGraphLaunch")
+GRAPH_LAUNCH_APIS = ("cudaGraphLaunch", "cuGraphLaunch")
+SHIM_COUNTS = ("kernels", "graphs", "copies", "memsets")
+
+
+class ShimCounts(ctypes.Structure):
+    """struct gpucr_shim_counts (libintercept/gpucr_shim.h)."""
+    _fields_ = [(name, ctypes.c_uint64) for name in SHIM_COUNTS]
 
 
 def loaded_libcuda():
@@ -68,13 +87,39 @@ def loaded_libcuda():
     return seen
 
 
+def shim_counter(libs):
+    """A function returning the shim's counts (a tuple in SHIM_COUNTS'
+    order), found in whichever of the mapped libcuda objects exports
+    gpucr_shim_counts, or None. RTLD_NOLOAD: the object already loaded is
+    the one asked, nothing new is loaded."""
+    for path in libs:
+        try:
+            lib = ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
+        except OSError:
+            continue
+        fn = getattr(lib, "gpucr_shim_counts", None)
+        if fn is None:
+            continue
+        fn.restype = ctypes.c_int
+        fn.argtypes = [ctypes.POINTER(ShimCounts), ctypes.c_size_t]
+
+        def read(fn=fn):
+            c = ShimCounts()
+            n = fn(ctypes.byref(c), ctypes.sizeof(c))
+            if n != ctypes.sizeof(c):
+                raise RuntimeError("gpucr_shim_counts returned %d, not %d" % (n, ctypes.sizeof(c)))
+            return tuple(getattr(c, name) for name in SHIM_COUNTS)
+        return read
+    return None
+
+
 def count_trace(path):
     with open(path) as f:
         trace = json.load(f)
     events = trace["traceEvents"] if isinstance(trace, dict) else trace
     kernels = collections.Counter()
     apis = collections.Counter()
-    memcpy = memset = 0
+    memcpy = memset = graphs = 0
     for e in events:
         if e.get("ph") != "X":
             continue
@@ -90,7 +135,9 @@ def count_trace(path):
             base = name.split("_ptsz")[0].split("_ptds")[0].split("_v")[0]
             if base in LAUNCH_APIS:
                 apis[name] += 1
-    return kernels, apis, memcpy, memset
+                if base in GRAPH_LAUNCH_APIS:
+                    graphs += 1
+    return kernels, apis, memcpy, memset, graphs
 
 
 def main():
@@ -137,28 +184,41 @@ def main():
     torch.cuda.synchronize()
 
     libs = loaded_libcuda()
+    shim_read = shim_counter(libs) if len(libs) > 1 else None
+    if len(libs) > 1 and not shim_read:
+        print("torch_launches: no loaded libcuda (%s) exports gpucr_shim_counts: "
+              "the shim's counts are unavailable" % ",".join(libs), file=sys.stderr)
     print("TORCHLAUNCH-INFO torch=%s cuda=%s device=%s shim=%d libcuda=%s gpucr_daemon=%s "
           "compile=%d model=dim%d-layers%d-batch%d-ctx%d-vocab%d warmup=%d "
-          "shim_launch_count=unavailable"
+          "shim_launch_count=%s"
           % (torch.__version__, torch.version.cuda,
              torch.cuda.get_device_name(0).replace(" ", "-"), len(libs) > 1,
              ",".join(libs) or "?", os.environ.get("GPUCR_DAEMON", "unset"), args.compile,
-             args.dim, args.layers, args.batch, args.ctx, args.vocab, args.warmup), flush=True)
+             args.dim, args.layers, args.batch, args.ctx, args.vocab, args.warmup,
+             "available" if shim_read else "unavailable"), flush=True)
 
     acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
     figures = []
     with tempfile.TemporaryDirectory(prefix="torch_launches.") as tmp:
         for k in range(1, args.steps + 1):
+            # The shim is read inside the profiled window: what CUPTI does
+            # as the profiler starts and stops stays outside it.
             with torch.profiler.profile(activities=acts) as prof:
+                before = shim_read() if shim_read else None
                 step()
                 torch.cuda.synchronize()
+                after = shim_read() if shim_read else None
             path = os.path.join(tmp, "step%d.json" % k)
             prof.export_chrome_trace(path)
-            kernels, apis, memcpy, memset = count_trace(path)
+            kernels, apis, memcpy, memset, ng = count_trace(path)
             nk, nl = sum(kernels.values()), sum(apis.values())
-            figures.append((nk, nl, memcpy, memset))
-            print("TORCHLAUNCH step=%d kernels=%d memcpy=%d memset=%d launch_calls=%d api=%s"
-                  % (k, nk, memcpy, memset, nl,
+            shim = (tuple(a - b for a, b in zip(after, before)) if shim_read
+                    else ("unavailable",) * len(SHIM_COUNTS))
+            figures.append((nk, nl, memcpy, memset, ng) + shim)
+            print("TORCHLAUNCH step=%d kernels=%d memcpy=%d memset=%d launch_calls=%d "
+                  "graph_launch_calls=%d %s api=%s"
+                  % (k, nk, memcpy, memset, nl, ng,
+                     " ".join("shim_%s=%s" % kv for kv in zip(SHIM_COUNTS, shim)),
                      ",".join("%s:%d" % kv for kv in sorted(apis.items())) or "none"),
                   flush=True)
             if args.names:
@@ -169,8 +229,11 @@ def main():
               file=sys.stderr)
         return 1
     steady = all(f == figures[0] for f in figures)
-    print("TORCHLAUNCH summary kernels_per_step=%d launch_calls_per_step=%d steady=%s"
-          % (figures[0][0], figures[0][1], "yes" if steady else "no"))
+    print("TORCHLAUNCH summary kernels_per_step=%d launch_calls_per_step=%d "
+          "graph_launch_calls_per_step=%d shim_kernel_launches_per_step=%s "
+          "shim_graph_launches_per_step=%s steady=%s"
+          % (figures[0][0], figures[0][1], figures[0][4], figures[0][5], figures[0][6],
+             "yes" if steady else "no"))
     return 0
 
 

@@ -4,14 +4,16 @@
 # The forwarding layer is generated from the toolkit's stub driver, which
 # exports the same names as the real one (gen-forward.sh); wrapped.list names
 # the symbols implemented in C, ungated.list the forwarded ones that do not
-# test the gate (gate.h). The link keeps exactly the driver's names
+# test the gate (gate.h), gpucr-exports.list gpucr's own entry points
+# (gpucr_shim.h). The link keeps exactly the driver's names and gpucr's own
 # (version script) and check-exports.sh verifies it.
 #
 # Tests (unit-shim-*) run against the fake driver: each sets
 # GPUCR_REAL_LIBCUDA=$(BUILD)/fakecuda/libcuda.so.1 itself, unless the
 # environment already names a driver, before its first CUDA call (the shim
 # loads the driver on first use), and skips (77) when the fake is not built.
-# unit-shim-alloc, -procaddr, -forward and -self link the shim as installed;
+# unit-shim-alloc, -procaddr, -forward, -self and -counts link the shim as
+# installed;
 # unit-shim-control and -control-drop too, with common/ for the fake gpucrd
 # they run (tests/unit/fakegpucrd.h); unit-shim-remap, -buftab, -gate, -launch, -dag, -copy, -graph, -chunkgate
 # and -epoch (which runs the fake gpucrd as well) link its objects
@@ -36,10 +38,10 @@ SHIM_LDFLAGS = -shared -Wl,-soname,libcuda.so.1 -Wl,--version-script=$(SHIM_GEN)
 SHIM_LIBS := -ldl -lpthread
 
 $(SHIM_GEN_FILES) &: libintercept/gen-forward.sh libintercept/wrapped.list libintercept/ungated.list \
-		$(SHIM_STUB)
+		libintercept/gpucr-exports.list $(SHIM_STUB)
 	@mkdir -p $(SHIM_GEN)
 	sh libintercept/gen-forward.sh $(SHIM_STUB) libintercept/wrapped.list $(SHIM_GEN) \
-		libintercept/ungated.list
+		libintercept/ungated.list libintercept/gpucr-exports.list
 
 $(SHIM_SRC:libintercept/%.c=$(SHIM_OBJDIR)/%.o): $(SHIM_OBJDIR)/%.o: libintercept/%.c $(SHIM_GEN)/fwd_gen.h
 	@mkdir -p $(@D)
@@ -71,7 +73,7 @@ $(SHIM_ARCHIVE): $(SHIM_OBJ)
 ALL += $(SHIM_LIB)
 
 # ---- tests ----------------------------------------------------------------
-SHIM_TESTS_SO := forward procaddr alloc self
+SHIM_TESTS_SO := forward procaddr alloc self counts
 SHIM_TESTS_SOC := control control-drop
 SHIM_TESTS_AR := remap buftab gate launch dag copy graph chunkgate epoch
 SHIM_TEST_BIN := $(SHIM_TESTS_SO:%=$(BUILD)/tests/unit-shim-%) $(SHIM_TESTS_AR:%=$(BUILD)/tests/unit-shim-%) \
@@ -88,6 +90,9 @@ $(SHIM_TESTS_SO:%=$(BUILD)/tests/unit-shim-%): $(BUILD)/tests/unit-shim-%: tests
 	@mkdir -p $(@D)
 	$(CC) $(SHIM_TEST_CFLAGS) -o $@ $< $(SHIM_LIB) -Wl,-rpath,$(abspath $(BUILD))/lib/gpucr \
 		$(LDFLAGS) -ldl -lpthread
+
+# Calls the _ptds/_ptsz names directly, as declared under the driver's own view.
+$(BUILD)/tests/unit-shim-counts: SHIM_TEST_CFLAGS += -D__CUDA_API_VERSION_INTERNAL
 
 # Linked against the shim as installed, plus common/ for a fake daemon
 # (tests/unit/fakegpucrd.h); the shim's own copy of common/ stays hidden.

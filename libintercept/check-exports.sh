@@ -1,6 +1,7 @@
 #!/bin/sh
-# Checks that a built shim exports exactly the driver's names: every name in
-# EXPORTS_LIST (from gen-forward.sh), defined, and nothing else.
+# Checks that a built shim exports exactly the driver's names and gpucr's
+# own (gpucr-exports.list): every name in EXPORTS_LIST (from gen-forward.sh),
+# defined, and nothing else.
 #
 #   check-exports.sh SHIM.so EXPORTS_LIST
 set -eu
@@ -19,7 +20,7 @@ if ! diff_out=$(LC_ALL=C comm -3 "$2" "$tmp"); then
 	exit 1
 fi
 if [ -n "$diff_out" ]; then
-	echo "$1 does not export exactly the driver's symbols" >&2
+	echo "$1 does not export exactly the driver's symbols and gpucr's own" >&2
 	LC_ALL=C comm -23 "$2" "$tmp" | sed 's/^/  missing: /' | head -20 >&2
 	LC_ALL=C comm -13 "$2" "$tmp" | sed 's/^/  extra:   /' | head -20 >&2
 	exit 1

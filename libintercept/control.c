@@ -52,6 +52,7 @@
 #include "buftab.h"
 #include "chunkgate.h"
 #include "control.h"
+#include "counts.h"
 #include "epoch.h"
 #include "frame.h"
 #include "gate.h"
@@ -500,6 +501,8 @@ static void fill_stats(Gpucr__ShimStats *st)
 	st->unowned_bytes = drv.bytes;
 	st->has_managed_bytes = true;
 	st->managed_bytes = man.bytes;
+	st->has_launches = true;
+	st->launches = shim_count_read(SHIM_COUNT_KERNELS);
 }
 
 static void do_quiesce(uint64_t id, const Gpucr__Quiesce *q)

@@ -1,19 +1,24 @@
 #!/bin/sh
 # Generates the shim's forwarding layer from the driver's export list.
 #
-#   gen-forward.sh STUB_LIBCUDA WRAPPED_LIST OUTDIR [UNGATED_LIST]
+#   gen-forward.sh STUB_LIBCUDA WRAPPED_LIST OUTDIR [UNGATED_LIST [OWN_LIST]]
 #
 # STUB_LIBCUDA is the toolkit's stub (lib64/stubs/libcuda.so): it exports the
 # same names as the real driver of that CUDA version. Writes into OUTDIR:
-#   exports.list  every exported name, sorted (what the shim must export)
+#   exports.list  every exported name, sorted (what the shim must export):
+#                 the driver's and those of OWN_LIST
 #   fwd_gen.h     FWD_COUNT, WRAP_COUNT and the tables' declarations
 #   fwd_gen.c     fwd_names[] (forwarded names, sorted) and wrap_names[]
 #   fwd_gen.S     one trampoline per forwarded name, one lazy stub per name
 #                 (push i; jmp fwd_lazy_common), the pointer table itself,
 #                 fwd_funcs[] (the trampolines) and wrap_funcs[] (gpucr's
 #                 wrappers)
-#   libcuda.map   the linker version script: exactly the driver's names
+#   libcuda.map   the linker version script: exactly the driver's names and
+#                 those of OWN_LIST
 # Names listed in WRAPPED_LIST get no trampoline; C code defines them.
+# OWN_LIST names gpucr's own entry points (gpucr_*, declared in gpucr_shim.h),
+# which no driver exports: C code defines them, and they are exported
+# beside the driver's names.
 #
 # A trampoline tests the gate (gate.h) and jumps through the table:
 #     cmpl $0, gate_word(%rip)    one load ...
@@ -25,14 +30,15 @@
 # closed) get only the jump.
 set -eu
 
-if [ $# -ne 3 ] && [ $# -ne 4 ]; then
-	echo "usage: $0 STUB_LIBCUDA WRAPPED_LIST OUTDIR [UNGATED_LIST]" >&2
+if [ $# -lt 3 ] || [ $# -gt 5 ]; then
+	echo "usage: $0 STUB_LIBCUDA WRAPPED_LIST OUTDIR [UNGATED_LIST [OWN_LIST]]" >&2
 	exit 2
 fi
 stub=$1
 wrapped=$2
 out=$3
 ungated=${4:-/dev/null}
+own=${5:-/dev/null}
 NM=${NM:-nm}
 
 [ -r "$stub" ] || { echo "$0: cannot read $stub (is CUDA_HOME right?)" >&2; exit 1; }
@@ -51,9 +57,10 @@ $NM -D --defined-only "$stub" | awk -v stub="$stub" '
 
 sed -e 's/#.*//' -e 's/[[:space:]]//g' -e '/^$/d' "$wrapped" | LC_ALL=C sort -u > "$out/wrapped$tmp"
 sed -e 's/#.*//' -e 's/[[:space:]]//g' -e '/^$/d' "$ungated" | LC_ALL=C sort -u > "$out/ungated$tmp"
+sed -e 's/#.*//' -e 's/[[:space:]]//g' -e '/^$/d' "$own" | LC_ALL=C sort -u > "$out/own$tmp"
 
 LC_ALL=C awk -v out="$out" -v tmp="$tmp" -v stub="$stub" -v wrappedfile="$out/wrapped$tmp" \
-	-v ungatedfile="$out/ungated$tmp" '
+	-v ungatedfile="$out/ungated$tmp" -v ownfile="$out/own$tmp" '
 BEGIN {
 	while ((getline w < wrappedfile) > 0) {
 		if (w !~ /^cu[A-Za-z0-9_]+$/) {
@@ -70,6 +77,13 @@ BEGIN {
 		}
 		isungated[w] = 1
 	}
+	while ((getline w < ownfile) > 0) {
+		if (w !~ /^gpucr_[a-z0-9_]+$/) {
+			printf "own exports: \"%s\" is not a gpucr_ name\n", w > "/dev/stderr"
+			exit 1
+		}
+		own[nown++] = w
+	}
 }
 {
 	all[nall++] = $1
@@ -80,6 +94,11 @@ BEGIN {
 		fwd[nfwd++] = $1
 }
 END {
+	for (i = 0; i < nown; i++)
+		if (own[i] in exported) {
+			printf "%s exports %s, which gpucr exports as its own\n", stub, own[i] > "/dev/stderr"
+			exit 1
+		}
 	for (i = 0; i < nwrap; i++)
 		if (!(wrap[i] in found))
 			printf "note: wrapped %s is not exported by %s; it will stay internal\n", wrap[i], stub > "/dev/stderr"
@@ -169,11 +188,14 @@ END {
 	print "{\n  global:" > m
 	for (i = 0; i < nall; i++)
 		printf "    %s;\n", all[i] > m
+	for (i = 0; i < nown; i++)
+		printf "    %s;\n", own[i] > m
 	print "  local:\n    *;\n};" > m
 }' "$out/exports.list$tmp"
 
-rm -f "$out/wrapped$tmp" "$out/ungated$tmp"
+LC_ALL=C sort -u "$out/exports.list$tmp" "$out/own$tmp" > "$out/all$tmp"
+rm -f "$out/wrapped$tmp" "$out/ungated$tmp" "$out/own$tmp" "$out/exports.list$tmp"
 for f in fwd_gen.h fwd_gen.c fwd_gen.S libcuda.map; do
 	mv "$out/$f$tmp" "$out/$f"
 done
-mv "$out/exports.list$tmp" "$out/exports.list"
+mv "$out/all$tmp" "$out/exports.list"

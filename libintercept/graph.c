@@ -7,6 +7,7 @@
 
 #include "access.h"
 #include "chunkgate.h"
+#include "counts.h"
 #include "gate.h"
 #include "graph.h"
 #include "launch.h"
@@ -592,6 +593,7 @@ GRAPH_WRAP(cuGraphInstantiateWithParams_ptsz, inst_params_fn,
 		SHIM_KEEP_ERRNO;                                                \
                                                                                 \
 		gate_pass();                                                    \
+		shim_count(SHIM_COUNT_GRAPHS);                                  \
 		if (launch_decoding_on())                                       \
 			return name##_slow(exec, s);                            \
 		return REAL_WRAPPED_CALL(name, launch_fn, (exec, s));           \

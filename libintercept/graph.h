@@ -14,8 +14,8 @@
  *    memory-op or conditional node, a node of a type this code does not
  *    know, a driver query that fails, nesting too deep) makes the graph
  *    unbounded: its writes cannot be predicted.
- *  - cuGraphLaunch (+_ptsz): passes the gate; with decoding off (no epoch)
- *    that is all. While the per-chunk gate is open (chunkgate.h) the launch
+ *  - cuGraphLaunch (+_ptsz): passes the gate and is counted (counts.h);
+ *    with decoding off (no epoch) that is all. While the per-chunk gate is open (chunkgate.h) the launch
  *    first waits for the chunks of the graph's ranges (for everything when
  *    the graph is unbounded or not in the table). During an epoch a
  *    successful launch records one DAG_NODE_GRAPH node with the graph's

@@ -8,6 +8,7 @@
 
 #include "buftab.h"
 #include "chunkgate.h"
+#include "counts.h"
 #include "dag.h"
 #include "gate.h"
 #include "launch.h"
@@ -397,6 +398,7 @@ static CUresult launch_kernel_slow(int k, CUfunction f, unsigned int gx, unsigne
 		launch_kernel_fn fn;                                                                 \
                                                                                                      \
 		gate_pass();                                                                         \
+		shim_count(SHIM_COUNT_KERNELS);                                                      \
 		if (launch_decoding_on())                                                                      \
 			return launch_kernel_slow(k, f, gx, gy, gz, bx, by, bz, shmem, s, kernelParams, \
 						  extra);                                            \
@@ -437,6 +439,7 @@ static CUresult launch_ex_slow(int k, const CUlaunchConfig *config, CUfunction f
 		launch_ex_fn fn;                                                                    \
                                                                                                     \
 		gate_pass();                                                                        \
+		shim_count(SHIM_COUNT_KERNELS);                                                     \
 		if (launch_decoding_on())                                                                     \
 			return launch_ex_slow(k, config, f, kernelParams, extra);                   \
 		fn = (launch_ex_fn)launch_fn(k);                                                    \
@@ -474,6 +477,7 @@ static CUresult launch_coop_slow(int k, CUfunction f, unsigned int gx, unsigned 
 		launch_coop_fn fn;                                                                     \
                                                                                                        \
 		gate_pass();                                                                           \
+		shim_count(SHIM_COUNT_KERNELS);                                                        \
 		if (launch_decoding_on())                                                                        \
 			return launch_coop_slow(k, f, gx, gy, gz, bx, by, bz, shmem, s, kernelParams); \
 		fn = (launch_coop_fn)launch_fn(k);                                                     \

@@ -4,9 +4,10 @@
  *
  * Wrapped here (launch.c): cuLaunchKernel, cuLaunchKernelEx,
  * cuLaunchCooperativeKernel and their _ptsz variants. Each passes the gate
- * (gate_pass: a launch changes no memory of gpucr's) and forwards. While
- * decoding is off, that is all a launch costs: the gate's load and branch,
- * one more load (this flag), and the forward.
+ * (gate_pass: a launch changes no memory of gpucr's), is counted (counts.h)
+ * and forwards. While decoding is off, that is all a launch costs: the
+ * gate's load and branch, the count's atomic add, one more load (this
+ * flag), and the forward.
  *
  * While decoding is on (at least one launch_decode_hold() outstanding):
  *  - the parameter layout of each CUfunction (offset and size of every

@@ -21,9 +21,10 @@
 #include "err.h"
 #include "log.h"
 
-/* Marks a definition that replaces a driver symbol. Everything else in the
+/* Marks a definition that replaces a driver symbol, or one of gpucr's own
+ * entry points (gpucr-exports.list, gpucr_shim.h). Everything else in the
  * shim is hidden (-fvisibility=hidden); the version script then keeps
- * exactly the driver's names. */
+ * exactly the driver's names and gpucr's own. */
 #define SHIM_EXPORT __attribute__((visibility("default")))
 #define SHIM_HIDDEN __attribute__((visibility("hidden")))
 

@@ -266,6 +266,9 @@ int main(void)
 		CHECK_EQ_INT(r->shim_stats->buffers, 2);
 		CHECK_EQ_INT(r->shim_stats->bytes, 3 * MIB + 5 + 1000);
 		CHECK_EQ_INT(r->shim_stats->managed_bytes, 0);
+		/* No kernel launched yet: t_launch waits for go_b. */
+		CHECK(r->shim_stats->has_launches);
+		CHECK_EQ_INT(r->shim_stats->launches, 0);
 	}
 	msg_free(r);
 	pthread_barrier_wait(&go_b);
@@ -362,7 +365,11 @@ int main(void)
 	}
 	msg_free(r);
 	CHECK_EQ_INT(cuMemFree(managed), CUDA_SUCCESS);
-	CHECK_EQ_INT(fdd_quiesce(&d, 5000, NULL), 0);
+	CHECK_EQ_INT(fdd_quiesce(&d, 5000, &r), 0);
+	CHECK(r && r->body_case == GPUCR__MSG__BODY_SHIM_STATS);
+	if (r && r->body_case == GPUCR__MSG__BODY_SHIM_STATS)
+		CHECK_EQ_INT(r->shim_stats->launches, 1); /* t_launch's */
+	msg_free(r);
 	CHECK_EQ_INT(fdd_resume(&d), 0);
 	CHECK_EQ_INT(fdd_resume(&d), 0); /* running already: fine */
 

@@ -2,10 +2,22 @@
 // several streams with event dependencies between them, integer-only
 // kernels (bit-reproducible), a per-step checksum reduced on the GPU.
 //
-//   cuda-prog --gib G --steps S --out FILE [--buffers N] [--step-ms MS] [--times FILE]
+//   cuda-prog --gib G --steps S --out FILE [--buffers N] [--step-ms MS] [--times FILE] [--escape]
 //
 // --times appends "K SECONDS" (CLOCK_MONOTONIC) after every step: the bench
 // measures the time a checkpoint of the running program costs it.
+//
+// --escape adds two 64 MiB victim buffers and a kernel whose only parameter
+// is a small buffer holding their addresses: it updates both victims
+// through those pointers, a write no launch decoding can predict. gpucrd
+// saves buffers in address order; one victim is allocated first and one
+// last, so whichever way the driver hands out addresses, one of them is
+// saved late, after the program runs again. The kernel runs ESCAPES_IN_STEP
+// times in every step and ESCAPES_IN_SLEEP times spread over the --step-ms
+// sleep, so the victims are written all the time a concurrent checkpoint is
+// being saved. The victims enter every step's checksum; the number of
+// updates per step is fixed, so the output does not depend on timing (nor
+// on --step-ms).
 //
 // Appends "step K SUM" to FILE after every step (opened and closed each time,
 // so no file is open across a dump). An uninterrupted run and a run that was
@@ -50,6 +62,33 @@ __global__ void step_k(uint64_t *a, size_t n, uint64_t key)
 	}
 }
 
+#define NVICTIMS 2
+#define VICTIM_BYTES (64ull << 20)
+#define ESCAPES_IN_STEP 2
+#define ESCAPES_IN_SLEEP 5
+
+// The victims' addresses and length, in device memory.
+struct holder {
+	uint64_t *victim[NVICTIMS];
+	size_t n;
+};
+
+// Only h is a parameter: the writes go through pointers read from device
+// memory. An LCG step per word (odd multiplier: a bijection), so a victim
+// saved after more or fewer updates than at the checkpoint changes the sums.
+__global__ void escape_k(const struct holder *h)
+{
+	size_t n = h->n;
+
+	for (int v = 0; v < NVICTIMS; v++) {
+		uint64_t *p = h->victim[v];
+
+		for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+		     i += (size_t)gridDim.x * blockDim.x)
+			p[i] = p[i] * 6364136223846793005ull + 1442695040888963407ull + i;
+	}
+}
+
 __global__ void sum_k(const uint64_t *p, size_t n, unsigned long long *out)
 {
 	uint64_t s = 0;
@@ -65,6 +104,7 @@ int main(int argc, char **argv)
 	double gib = 1;
 	int steps = 20, nbuf = 16, step_ms = 100, nstreams = 4;
 	const char *out = NULL, *times = NULL;
+	int escape = 0;
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "--gib") && i + 1 < argc)
 			gib = atof(argv[++i]);
@@ -78,8 +118,10 @@ int main(int argc, char **argv)
 			out = argv[++i];
 		else if (!strcmp(argv[i], "--times") && i + 1 < argc)
 			times = argv[++i];
+		else if (!strcmp(argv[i], "--escape"))
+			escape = 1;
 		else {
-			fprintf(stderr, "usage: cuda-prog --gib G --steps S --out FILE [--buffers N] [--step-ms MS] [--times FILE]\n");
+			fprintf(stderr, "usage: cuda-prog --gib G --steps S --out FILE [--buffers N] [--step-ms MS] [--times FILE] [--escape]\n");
 			return 2;
 		}
 	}
@@ -91,20 +133,43 @@ int main(int argc, char **argv)
 	cudaStream_t st[4];
 	cudaEvent_t ev[64];
 	unsigned long long *dsum, hsum = 0;
+	struct holder *dholder = NULL;
+	uint64_t *victim[NVICTIMS] = { NULL };
+	size_t nv = VICTIM_BYTES / sizeof(uint64_t);
 
 	for (int s = 0; s < nstreams; s++)
 		CK(cudaStreamCreateWithFlags(&st[s], cudaStreamNonBlocking));
+	if (escape)
+		CK(cudaMalloc(&victim[0], nv * sizeof(uint64_t)));
 	for (int b = 0; b < nbuf; b++) {
 		CK(cudaMalloc(&buf[b], n * sizeof(uint64_t)));
 		init_k<<<1024, 256, 0, st[b % nstreams]>>>(buf[b], n, (uint64_t)b * 1000003);
 		CK(cudaEventCreateWithFlags(&ev[b % 64], cudaEventDisableTiming));
 	}
 	CK(cudaMalloc(&dsum, sizeof(*dsum)));
+	if (escape) {
+		struct holder h;
+
+		CK(cudaMalloc(&dholder, sizeof(*dholder)));
+		CK(cudaMalloc(&victim[NVICTIMS - 1], nv * sizeof(uint64_t)));
+		for (int v = 0; v < NVICTIMS; v++) {
+			init_k<<<1024, 256, 0, st[0]>>>(victim[v], nv, 0xe5ca9eull + (uint64_t)v);
+			h.victim[v] = victim[v];
+		}
+		h.n = nv;
+		CK(cudaMemcpy(dholder, &h, sizeof(h), cudaMemcpyHostToDevice));
+	}
 	CK(cudaDeviceSynchronize());
 	unlink(out);
 	for (int k = 1; k <= steps; k++) {
+		// The victims are touched on st[0] only: their updates and sums
+		// keep their order.
+		if (escape)
+			escape_k<<<1024, 256, 0, st[0]>>>(dholder);
 		for (int b = 0; b < nbuf; b++)
 			step_k<<<1024, 256, 0, st[b % nstreams]>>>(buf[b], n, hsum * 31 + (uint64_t)k);
+		for (int e = 1; escape && e < ESCAPES_IN_STEP; e++)
+			escape_k<<<1024, 256, 0, st[0]>>>(dholder);
 		for (int b = 0; b < nbuf; b++) {
 			CK(cudaEventRecord(ev[b % 64], st[b % nstreams]));
 			CK(cudaStreamWaitEvent(st[0], ev[b % 64], 0));
@@ -112,6 +177,8 @@ int main(int argc, char **argv)
 		CK(cudaMemsetAsync(dsum, 0, sizeof(*dsum), st[0]));
 		for (int b = 0; b < nbuf; b++)
 			sum_k<<<256, 256, 0, st[0]>>>(buf[b], n, dsum);
+		for (int v = 0; escape && v < NVICTIMS; v++)
+			sum_k<<<256, 256, 0, st[0]>>>(victim[v], nv, dsum);
 		CK(cudaMemcpyAsync(&hsum, dsum, sizeof(hsum), cudaMemcpyDeviceToHost, st[0]));
 		CK(cudaStreamSynchronize(st[0]));
 		CK(cudaDeviceSynchronize());
@@ -130,7 +197,20 @@ int main(int argc, char **argv)
 				fclose(t);
 			}
 		}
-		if (step_ms > 0) {
+		if (escape) {
+			// The sleep in ESCAPES_IN_SLEEP pieces, a write through the
+			// holder after each (no waiting for it: the next step's sum
+			// follows it on st[0]).
+			long us = step_ms > 0 ? step_ms * 1000L / ESCAPES_IN_SLEEP : 0;
+
+			for (int e = 0; e < ESCAPES_IN_SLEEP; e++) {
+				if (us > 0) {
+					struct timespec ts = { us / 1000000, (us % 1000000) * 1000L };
+					nanosleep(&ts, NULL);
+				}
+				escape_k<<<1024, 256, 0, st[0]>>>(dholder);
+			}
+		} else if (step_ms > 0) {
 			struct timespec ts = { step_ms / 1000, (step_ms % 1000) * 1000000L };
 			nanosleep(&ts, NULL);
 		}

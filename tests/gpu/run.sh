@@ -11,7 +11,8 @@
 # bench` runs them from retained memory and against the stock path),
 # SHIM_TORCH_VARIANTS, IMG_SIZES, BIG (64 GiB for gpucr alone:
 # auto, 0 or 1), STEPS, SKIP_TORCH, SKIP_GPUCR_CR, KEEP_LOGS=DIR (keep
-# CRIU's and gpucrd's logs of each cycle; KEEP_LOGS_MODES to choose).
+# CRIU's and gpucrd's logs of each cycle; KEEP_LOGS_MODES to choose),
+# ESCAPE_GIB (the escape check's size, default 4; 0 skips it).
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
 if [ -z "${B:-}" ]; then
@@ -190,6 +191,58 @@ if [ -f "$B/lib/criu/gpucr_plugin.so" ] && [ -z "${SKIP_GPUCR_CR:-}" ]; then
 			result "$mode-checkpoint-cuda-prog" "${g}GiB" FAIL "$r"
 		fi
 	done
+	# The same with a kernel that writes through a pointer held in device
+	# memory (cuda-prog --escape): no launch decoding sees that write. With
+	# no copy in spare GPU memory at T (GPUCR_SPARE=0) and a slow image write
+	# (GPUCR_FI_SLICE_DELAY_MS), the program writes memory not yet saved:
+	# gpucrd must find the chunk changed, gpucr dump retry with the program
+	# stopped, and the image restored give the uninterrupted run's results.
+	g=${ESCAPE_GIB:-4}
+	if [ "$g" != 0 ]; then
+		name=gpucr-escape-checkpoint-cuda-prog
+		ecmd="$B/tests/gpu/cuda-prog --gib $g --steps 40 --step-ms 50 --escape --out"
+		if ! $ecmd "$WORK/ref-esc-$g.log" 2>"$WORK/ref-esc-$g.err"; then
+			result "$name" "${g}GiB" FAIL "reference run: $(tail -2 "$WORK/ref-esc-$g.err" | tr '\n' ' ')"
+		else
+			# About 2.5 s to write the image: gpucrd's writers (one per CPU, at
+			# most 16) each sleep this long after every 32 MiB slice; the
+			# program runs again ~1 s after T.
+			nw=$(getconf _NPROCESSORS_ONLN 2>/dev/null || echo 16)
+			[ "$nw" -gt 16 ] && nw=16
+			per=$(((g * 32 + 5 + nw - 1) / nw)) # slices: g GiB, two 64 MiB victims, the small buffers
+			delay=$((2500 / per))
+			[ $delay -lt 10 ] && delay=10
+			stop_gpucrd
+			log0=$(wc -l <"$WORK/gpucrd.log" 2>/dev/null || echo 0)
+			if ! GPUCR_SPARE=0 GPUCR_FI_SLICE_DELAY_MS=$delay start_gpucrd; then
+				result "$name" "${g}GiB" FAIL "gpucrd (GPUCR_SPARE=0) did not start: $(tail -3 "$WORK/gpucrd.log" | tr '\n' ' ')"
+			else
+				r=$(CR_TIMEOUT=120 ckpt_cycle gpucr "cuda-prog-escape-$g" 10 "$WORK/ref-esc-$g.log" "$ecmd")
+				rc=$?
+				d=$WORK/ck-gpucr-cuda-prog-escape-$g
+				# Only this check's program talked to this gpucrd: its lines are the log's new ones.
+				elog=$(tail -n +$((log0 + 1)) "$WORK/gpucrd.log")
+				esc=$(echo "$elog" | grep -E 'pid [0-9]+[ :].*changed while it was being saved: a GPU write escaped prediction' | head -1 |
+					sed -n 's/.*\(pid [0-9]*\).*\(buffer 0x[0-9a-f]*\): chunk at \(offset [0-9]*\).*/\1 \2 \3/p')
+				why=()
+				[ -n "$esc" ] || why+=("gpucrd logged no escaped write")
+				grep -q "retrying with the process stopped" "$d/dump.out" 2>/dev/null ||
+					why+=("gpucr dump did not retry with the process stopped")
+				[ $rc = 0 ] || why+=("$(echo "$r" | tr '\n' ' ')")
+				if [ ${#why[@]} = 0 ]; then
+					read -r _ ck_s rs_s <<<"$r"
+					result "$name" "${g}GiB" PASS "escape caught ($esc), retried with the program stopped; checkpoint ${ck_s}s, restore ${rs_s}s, output identical"
+				else
+					detail=$(printf '%s; ' "${why[@]}")
+					result "$name" "${g}GiB" FAIL "${detail%; }"
+					sed 's/^/    dump| /' "$d/dump.out" 2>/dev/null | tail -8
+					echo "$elog" | tail -12 | sed 's/^/    gpucrd| /'
+				fi
+			fi
+			stop_gpucrd
+			start_gpucrd || result gpucrd-start - FAIL "gpucrd did not start: $(tail -3 "$WORK/gpucrd.log")"
+		fi
+	fi
 	# A CUDA program not started under gpucr, with gpucr's plugin: the
 	# driver-only fallback (what CRIU's own cuda plugin does).
 	g=${SIZES%% *}

@@ -4,19 +4,30 @@ dump and restore time against GPU memory size, gpucr beside the stock path.
     python3 report.py LOG BASE      -> BASE.json, BASE.md, BASE.png
 """
 import json
+import re
 import shlex
 import sys
 
 
 def parse(path):
     rows, steady, header, images, workloads, ckpts = [], [], [], [], [], []
+    dd = []  # dd's own "N bytes ... copied, S s, ..." lines, write then read
     for line in open(path):
         if line.startswith("#"):
             header.append(line[1:].strip())
             continue
+        m = re.match(r"(\d+) bytes .* copied, ([0-9.]+) s,", line)
+        if m:
+            dd.append(int(m.group(1)) / float(m.group(2)) / 1e9)
+            continue
         if not line.startswith("BENCH "):
             continue
         kv = dict(p.split("=", 1) for p in shlex.split(line[6:]))
+        if kv.get("image") == "disk" and len(dd) >= 2:
+            # From dd's own figures (bench/run.sh before 2026-11-30 run 3
+            # divided by dd's rate instead of its seconds in the BENCH line).
+            kv["dd_write_gbs"], kv["dd_read_gbs"] = "%.2f" % dd[-2], "%.2f" % dd[-1]
+            dd = []
         (steady if "steady" in kv else images if "image" in kv else ckpts if "ckpt" in kv else
          workloads if "workload" in kv else rows).append(kv)
     return header, rows, steady, images, workloads, ckpts

@@ -10,7 +10,7 @@
 # Knobs: SIZES, SYSTEMS, WORKLOADS, WORKLOAD_SYSTEMS, CKPT_WORKLOADS
 # (default cuda-prog-16; e.g. "cuda-prog-16 torch-train"), CKPT_SYSTEMS,
 # IMG_GIB, DISK_GIB (0: no disk), BENCH_DISK_DIR, STEPS, BENCH_BUDGET_S
-# (default 540: later sections are skipped past it, to fit one 10-minute
+# (default 555: later sections are skipped past it, to fit one 10-minute
 # call).
 # Writes RESULTS_DIR/<date>-<gpu>.{log,json,md,png} (default: results/ beside this script).
 set -u
@@ -39,15 +39,17 @@ STEPS=${STEPS:-30}
 	echo "# workload: cuda-prog, 16 buffers, 4 streams, dumped at step 10 of $STEPS; images on $WORK (tmpfs)"
 } >"$log"
 emit() { echo "BENCH $*" | tee -a "$log"; }
+section() { echo "# section: $1 at ${SECONDS}s" >>"$log"; }
 # One call of the device tool allows 10 minutes: the later sections are
 # skipped (and say so) once BENCH_BUDGET_S seconds have gone.
 over_budget() {
-	[ "$SECONDS" -lt "${BENCH_BUDGET_S:-540}" ] && return 1
-	echo "# skipped after ${SECONDS}s (BENCH_BUDGET_S=${BENCH_BUDGET_S:-540}): $1" | tee -a "$log"
+	[ "$SECONDS" -lt "${BENCH_BUDGET_S:-555}" ] && return 1
+	echo "# skipped after ${SECONDS}s (BENCH_BUDGET_S=${BENCH_BUDGET_S:-555}): $1" | tee -a "$log"
 	return 0
 }
 
 start_gpucrd || { echo "gpucrd did not start"; exit 1; }
+section "cuda-prog sizes"
 for g in ${SIZES:-1 4 16}; do
 	"$B/tests/gpu/cuda-prog" --gib "$g" --steps "$STEPS" --step-ms 50 --out "$WORK/ref-$g.log" || continue
 	for sys in ${SYSTEMS:-stock gpucr gpucr-bg gpucr-image}; do
@@ -60,6 +62,7 @@ for g in ${SIZES:-1 4 16}; do
 	done
 done
 
+section "PyTorch workloads"
 # The PyTorch workloads (tests/gpu/lib.sh), each dumped at step 8, killed
 # and restored; every step after the restore must match the reference.
 if python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
@@ -77,11 +80,13 @@ if python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
 	done
 fi
 
+section "checkpoints of a running program"
 # Checkpoints of a running program (left running): what one costs its loop,
 # for gpucr (concurrent: a copy on the GPU at T, or calls waiting for the
-# chunks they write) and the stock path; CKPT_SYSTEMS may add gpucr-stop
-# (stopped until its image is written; the GPU suite measures it) (criu dump -R with CRIU's cuda plugin); each checkpoint is
-# then restored and must go on bit-identically.
+# chunks they write) and the stock path (criu dump -R with CRIU's cuda
+# plugin); CKPT_SYSTEMS may add gpucr-stop (stopped until its image is
+# written; the GPU suite measures it). Each checkpoint is then restored and
+# must go on bit-identically.
 for name in ${CKPT_WORKLOADS:-cuda-prog-16}; do
 	case $name in
 	cuda-prog-*) cmd="$B/tests/gpu/cuda-prog --gib ${name#cuda-prog-} --steps 40 --step-ms 50 --out" ;;
@@ -100,36 +105,7 @@ for name in ${CKPT_WORKLOADS:-cuda-prog-16}; do
 done
 stop_gpucrd
 
-# gpucrd's image engine alone (bin/imgbench, the daemon's own code): GPU
-# memory -> image files -> new GPU memory, fingerprints checked; on tmpfs,
-# and on the local disk beside what dd with O_DIRECT gets there.
-gbs() { grep -o '[0-9.]* GB/s' | head -1 | cut -d' ' -f1; }
-IMG_GIB=${IMG_GIB:-16}
-mkdir -p "$WORK/imgbench"
-if over_budget "image engine on tmpfs"; then :
-elif out=$("$B/bin/imgbench" --gib "$IMG_GIB" --dir "$WORK/imgbench" --ceilings 2>&1); then
-	echo "$out" | sed 's/^/    imgbench| /' >>"$log"
-	emit "image=tmpfs gib=$IMG_GIB write_gbs=$(echo "$out" | grep '^write' | gbs) read_gbs=$(echo "$out" | grep '^read' | gbs)" \
-		"ceil_d2h_gbs=$(echo "$out" | grep 'ceiling.*GPU' | gbs) ceil_files_gbs=$(echo "$out" | grep 'ceiling.*files' | gbs)"
-else
-	emit "image=tmpfs gib=$IMG_GIB ok=0 reason=\"$(echo "$out" | tail -1 | tr '"' ' ')\""
-fi
-rm -rf "$WORK/imgbench"
-DISK_DIR=${BENCH_DISK_DIR:-/var/tmp/gpucr-bench}
-DISK_GIB=${DISK_GIB:-8}
-if [ "$DISK_GIB" != 0 ] && ! over_budget "image engine on disk" && mkdir -p "$DISK_DIR" && [ "$(stat -f -c %T "$DISK_DIR")" != tmpfs ]; then
-	ddw=$(dd if=/dev/zero of="$DISK_DIR/dd" bs=64M count=$((DISK_GIB * 16)) oflag=direct 2>&1 | tee -a "$log" | awk '/copied/ { print $1 / $(NF-1) }')
-	ddr=$(dd if="$DISK_DIR/dd" of=/dev/null bs=64M iflag=direct 2>&1 | tee -a "$log" | awk '/copied/ { print $1 / $(NF-1) }')
-	rm -f "$DISK_DIR/dd"
-	if out=$("$B/bin/imgbench" --gib "$DISK_GIB" --dir "$DISK_DIR" 2>&1); then
-		echo "$out" | sed 's/^/    imgbench| /' >>"$log"
-		emit "image=disk gib=$DISK_GIB dir=$DISK_DIR write_gbs=$(echo "$out" | grep '^write' | gbs) read_gbs=$(echo "$out" | grep '^read' | gbs) dd_write_gbs=$(awk -v b="$ddw" 'BEGIN { printf "%.2f", b / 1e9 }') dd_read_gbs=$(awk -v b="$ddr" 'BEGIN { printf "%.2f", b / 1e9 }')"
-	else
-		emit "image=disk gib=$DISK_GIB ok=0 reason=\"$(echo "$out" | tail -1 | tr '"' ' ')\""
-	fi
-	rm -rf "$DISK_DIR"
-fi
-
+section "steady state"
 # Steady state: the same programs with and without the shim (runs in the
 # order without, with, with, without); the median step time from the
 # programs' own per-step timestamps, so process start and CUDA/PyTorch
@@ -155,5 +131,36 @@ for shim in 0 1 1 0; do
 		emit "steady=torch-train shim=$shim steps=20 seconds=$(elapsed $t0 $t1) step_ms=$(median_step_ms "$WORK/st.times")"
 	fi
 done
+section "image engine"
+# gpucrd's image engine alone (bin/imgbench, the daemon's own code): GPU
+# memory -> image files -> new GPU memory, fingerprints checked; on tmpfs,
+# and on the local disk beside what dd with O_DIRECT gets there.
+gbs() { grep -o '[0-9.]* GB/s' | head -1 | cut -d' ' -f1; }
+IMG_GIB=${IMG_GIB:-16}
+mkdir -p "$WORK/imgbench"
+if over_budget "image engine on tmpfs"; then :
+elif out=$("$B/bin/imgbench" --gib "$IMG_GIB" --dir "$WORK/imgbench" --ceilings 2>&1); then
+	echo "$out" | sed 's/^/    imgbench| /' >>"$log"
+	emit "image=tmpfs gib=$IMG_GIB write_gbs=$(echo "$out" | grep '^write' | gbs) read_gbs=$(echo "$out" | grep '^read' | gbs)" \
+		"ceil_d2h_gbs=$(echo "$out" | grep 'ceiling.*GPU' | gbs) ceil_files_gbs=$(echo "$out" | grep 'ceiling.*files' | gbs)"
+else
+	emit "image=tmpfs gib=$IMG_GIB ok=0 reason=\"$(echo "$out" | tail -1 | tr '"' ' ')\""
+fi
+rm -rf "$WORK/imgbench"
+DISK_DIR=${BENCH_DISK_DIR:-/var/tmp/gpucr-bench}
+DISK_GIB=${DISK_GIB:-4}
+if [ "$DISK_GIB" != 0 ] && ! over_budget "image engine on disk" && mkdir -p "$DISK_DIR" && [ "$(stat -f -c %T "$DISK_DIR")" != tmpfs ]; then
+	ddw=$(dd if=/dev/zero of="$DISK_DIR/dd" bs=64M count=$((DISK_GIB * 16)) oflag=direct 2>&1 | tee -a "$log" | awk '/copied/ { for (i = 1; i < NF; i++) if ($(i + 1) == "s,") print $1 / $i }')
+	ddr=$(dd if="$DISK_DIR/dd" of=/dev/null bs=64M iflag=direct 2>&1 | tee -a "$log" | awk '/copied/ { for (i = 1; i < NF; i++) if ($(i + 1) == "s,") print $1 / $i }')
+	rm -f "$DISK_DIR/dd"
+	if out=$("$B/bin/imgbench" --gib "$DISK_GIB" --dir "$DISK_DIR" 2>&1); then
+		echo "$out" | sed 's/^/    imgbench| /' >>"$log"
+		emit "image=disk gib=$DISK_GIB dir=$DISK_DIR write_gbs=$(echo "$out" | grep '^write' | gbs) read_gbs=$(echo "$out" | grep '^read' | gbs) dd_write_gbs=$(awk -v b="$ddw" 'BEGIN { printf "%.2f", b / 1e9 }') dd_read_gbs=$(awk -v b="$ddr" 'BEGIN { printf "%.2f", b / 1e9 }')"
+	else
+		emit "image=disk gib=$DISK_GIB ok=0 reason=\"$(echo "$out" | tail -1 | tr '"' ' ')\""
+	fi
+	rm -rf "$DISK_DIR"
+fi
+
 python3 "$B/share/gpucr/bench/report.py" "$log" "$base" && echo "results: $base.{log,json,md,png}"
 rm -rf "$WORK"

@@ -75,6 +75,22 @@ static bool in_shim(const void *addr)
 	return dladdr(addr, &info) && info.dli_fbase == self.dli_fbase;
 }
 
+/* Graphics-interop entry points (OpenGL, EGL, VDPAU, Direct3D) that newer
+ * drivers keep but the shim's stub no longer lists: cudart looks every one
+ * up at start, and none allocates the device memory gpucr manages, so
+ * their passing through is no news worth a warning. */
+static bool graphics_interop(const char *symbol)
+{
+	static const char *const prefixes[] = { "cuGL", "cuWGL", "cuEGL", "cuVDPAU", "cuD3D", "cuGraphicsGL",
+						"cuGraphicsEGL", "cuGraphicsVDPAU", "cuGraphicsD3D" };
+	size_t i;
+
+	for (i = 0; symbol && i < sizeof(prefixes) / sizeof(prefixes[0]); i++)
+		if (!strncmp(symbol, prefixes[i], strlen(prefixes[i])))
+			return true;
+	return false;
+}
+
 /* gpucr's trampoline for the driver function fn, which was the answer for
  * symbol; fn itself when there is none. */
 static void *trampoline_for(const char *symbol, void *fn)
@@ -90,7 +106,7 @@ static void *trampoline_for(const char *symbol, void *fn)
 		if (hit)
 			return fwd_funcs[hit - fwd_names];
 	}
-	if (!__atomic_exchange_n(&warned, 1, __ATOMIC_RELAXED))
+	if (!graphics_interop(symbol) && !__atomic_exchange_n(&warned, 1, __ATOMIC_RELAXED))
 		pr_warn("cuGetProcAddress(\"%s\") returned %p (%s), which gpucr does not export; calls "
 			"through it bypass gpucr's gate (further cases are logged at debug level)\n",
 			symbol, fn, info.dli_sname && info.dli_saddr == fn ? info.dli_sname : "not a driver symbol");

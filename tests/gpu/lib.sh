@@ -65,10 +65,10 @@ WORKLOADS_ALL="torch-train torch-generate cublas-gemm torch-compile"
 workload_cmd() {
 	local G=$B/share/gpucr/tests/gpu
 	case $1 in
-	torch-train) echo "python3 $G/torch_train.py --steps 30 --step-sleep 0.2 --out" ;;
-	torch-generate) echo "python3 $G/torch_generate.py --tokens 40 --step-sleep 0.15 --out" ;;
-	cublas-gemm) echo "python3 $G/gemm_loop.py --steps 40 --step-sleep 0.15 --out" ;;
-	torch-compile) echo "python3 $G/torch_train.py --compile --steps 30 --step-sleep 0.2 --out" ;;
+	torch-train) echo "python3 $G/torch_train.py --steps 20 --step-sleep 0.1 --out" ;;
+	torch-generate) echo "python3 $G/torch_generate.py --tokens 30 --step-sleep 0.1 --out" ;;
+	cublas-gemm) echo "python3 $G/gemm_loop.py --steps 30 --step-sleep 0.1 --out" ;;
+	torch-compile) echo "python3 $G/torch_train.py --compile --steps 20 --step-sleep 0.1 --out" ;;
 	# ~0.6 G parameters with Adam: about 12 GB of GPU state (issue 7's
 	# checkpoint-cost workload); not in WORKLOADS_ALL
 	torch-train-big) echo "python3 $G/torch_train.py --dim 2048 --layers 12 --steps 30 --step-sleep 0.05 --out" ;;

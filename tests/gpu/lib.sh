@@ -69,6 +69,10 @@ workload_cmd() {
 	torch-generate) echo "python3 $G/torch_generate.py --tokens 30 --step-sleep 0.1 --out" ;;
 	cublas-gemm) echo "python3 $G/gemm_loop.py --steps 30 --step-sleep 0.1 --out" ;;
 	torch-compile) echo "python3 $G/torch_train.py --compile --steps 20 --step-sleep 0.1 --out" ;;
+	# PyTorch's allocator on the driver's VMM calls itself (the shim passes
+	# them through; the driver's checkpoint carries that memory); in the GPU
+	# suite's default list, not in WORKLOADS_ALL
+	torch-train-expandable) echo "env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True python3 $G/torch_train.py --steps 20 --step-sleep 0.1 --out" ;;
 	# ~0.6 G parameters with Adam: about 12 GB of GPU state (issue 7's
 	# checkpoint-cost workload); not in WORKLOADS_ALL
 	torch-train-big) echo "python3 $G/torch_train.py --dim 2048 --layers 12 --steps 30 --step-sleep 0.05 --out" ;;

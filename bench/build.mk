@@ -33,8 +33,8 @@ ALL += $(BUILD)/bin/imgbench
 # libcuda.so.1 is picked at run time.
 SHIMCOST_BIN := $(BUILD)/bin/shimcost
 
-$(SHIMCOST_BIN): bench/shimcost.cu bench/build.mk
+$(SHIMCOST_BIN): bench/shimcost.cu bench/build.mk libintercept/gpucr_shim.h
 	@mkdir -p $(@D)
-	$(NVCC) $(NVCC_FLAGS) -Xcompiler -Wall,-Wextra -o $@ $< -L$(CUDA_HOME)/lib64/stubs -lcuda
+	$(NVCC) $(NVCC_FLAGS) -Xcompiler -Wall,-Wextra -Ilibintercept -o $@ $< -L$(CUDA_HOME)/lib64/stubs -lcuda -ldl
 
 gpu-progs: $(SHIMCOST_BIN)

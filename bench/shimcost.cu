@@ -11,30 +11,52 @@
 //           batches of --batch: only the launch loop of a batch is timed; the
 //           stream is synchronised after each batch, outside the timed part, so
 //           the launch queue never fills and no launch waits for the GPU.
+//           A repetition's figure is the mean over its launches.
 //   alloc   cuMemAlloc/cuMemFree and cudaMalloc/cudaFree, 256 B to 1 GiB:
 //           n allocations timed together, then their n frees (in allocation
 //           order), µs per call; cuMemAllocAsync/cuMemFreeAsync (default pool,
-//           one stream) up to 1 MiB.
+//           one stream) up to 1 MiB. n is at most ALLOC_MAX_N and at most
+//           what fits in ALLOC_BUDGET (at least 2): 200 calls up to 2 MiB, 64
+//           of 16 MiB, 4 of 256 MiB, 2 of 1 GiB.
 //   copy    64 MiB pinned host <-> device (cuMemAlloc'd) copies, GB/s: a
 //           check that copies into the shim's memory did not get slower.
 //
-// Every figure is the median of --reps repetitions; the repetitions of all
-// figures of a section are interleaved, so a drift in clocks hits all alike.
+// Every figure is the median of --reps repetitions; spread is the largest
+// less the smallest of them, the run-to-run noise of that figure. The
+// repetitions of all figures of a section are interleaved, so a drift in
+// clocks hits all alike. The defaults (5 x 50000 launches of 9 kinds, 5
+// rounds of allocations) take about 15 s on a host where a launch costs 4 µs
+// of host time.
 //
 //   shimcost [--launches N] [--batch N] [--reps N] [--only launch|alloc|copy]
+//            (defaults: --launches 50000 --batch 500 --reps 5)
 //
 // Prints "SHIMCOST-INFO key=value ..." about the run, one
-// "SHIMCOST name=NAME unit=UNIT value=MEDIAN min=MIN max=MAX n=CALLS" line per
-// figure (n: calls per repetition), then the same as a table.
+// "SHIMCOST name=NAME unit=UNIT value=MEDIAN min=MIN max=MAX spread=MAX-MIN
+// reps=R n=CALLS" line per figure (R: repetitions measured; n: calls per
+// repetition), the same as a table, and last
+//
+//   SHIMCOST-COUNTS launches=N copies=N memsets=0 shim_kernels=N shim_graphs=N
+//                   shim_copies=N shim_memsets=N
+//
+// (one line): the kernel launches and copies this program issued (all of
+// them, warm-up included; the runtime's cudaLaunchKernel counted as a
+// launch) and what the shim counted (gpucr_shim_counts, gpucr_shim.h) at the
+// same moment, or "shim_counts=unavailable" in place of the shim_* fields
+// when no loaded object exports it (no shim). With the shim, shim_kernels
+// must equal launches: every launch passed the shim.
 // Exit 0; 1 on a CUDA error; 2 on a usage error; 77 when there is no GPU.
 #include <cuda.h>
 #include <cuda_runtime.h>
+#include <dlfcn.h>
 #include <link.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+#include "gpucr_shim.h"
 
 #define MAX_REPS 21
 #define MAX_FIGS 64
@@ -72,6 +94,9 @@ extern "C" __global__ void k16(void *, void *, void *, void *, void *, void *, v
 			       void *, void *, void *, void *, void *, void *, void *, void *)
 {
 }
+
+// Calls this program issued, for the SHIMCOST-COUNTS line.
+static uint64_t issued_launches, issued_copies;
 
 static inline uint64_t now_ns(void)
 {
@@ -136,21 +161,22 @@ static void fig_summary(struct fig *f, double *med, double *mn, double *mx)
 	*med = f->nv % 2 ? s[f->nv / 2] : (s[f->nv / 2 - 1] + s[f->nv / 2]) / 2;
 }
 
-static void print_figs(void)
+static void print_figs(int reps)
 {
 	double med, mn, mx;
 
 	for (int i = 0; i < nfigs; i++) {
 		fig_summary(&figs[i], &med, &mn, &mx);
-		printf("SHIMCOST name=%s unit=%s value=%.3f min=%.3f max=%.3f n=%ld\n", figs[i].name,
-		       figs[i].unit, med, mn, mx, figs[i].calls);
+		printf("SHIMCOST name=%s unit=%s value=%.3f min=%.3f max=%.3f spread=%.3f reps=%d n=%ld\n",
+		       figs[i].name, figs[i].unit, med, mn, mx, mx - mn, figs[i].nv, figs[i].calls);
 	}
-	printf("\n%-40s %-5s %12s %12s %12s %9s\n", "figure", "unit", "median", "min", "max",
-	       "calls/rep");
+	printf("\nmedian of %d repetitions (--reps) per figure; spread: max - min over them\n", reps);
+	printf("%-40s %-5s %12s %12s %12s %12s %4s %9s\n", "figure", "unit", "median", "min", "max",
+	       "spread", "reps", "calls/rep");
 	for (int i = 0; i < nfigs; i++) {
 		fig_summary(&figs[i], &med, &mn, &mx);
-		printf("%-40s %-5s %12.3f %12.3f %12.3f %9ld\n", figs[i].name, figs[i].unit, med, mn,
-		       mx, figs[i].calls);
+		printf("%-40s %-5s %12.3f %12.3f %12.3f %12.3f %4d %9ld\n", figs[i].name, figs[i].unit,
+		       med, mn, mx, mx - mn, figs[i].nv, figs[i].calls);
 	}
 }
 
@@ -188,6 +214,7 @@ static double time_launches(CUfunction f, const void *sym, void **params, launch
 		}
 		busy += now_ns() - t0;
 		done += b;
+		issued_launches += (uint64_t)b;
 		CU(cuStreamSynchronize(s)); // outside the timed loop
 	}
 	if (bad) {
@@ -223,7 +250,7 @@ static void bench_launch(int reps, long total, long batch)
 		args[i] = &ptr[i];
 	}
 	CU(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
-	printf("SHIMCOST-INFO section=launch launches=%ld batch=%ld reps=%d grid=1 block=1 "
+	printf("SHIMCOST-INFO section=launch launches=%ld batch=%ld reps=%d rep_value=mean-per-launch grid=1 block=1 "
 	       "stream=created-nonblocking sync=cuStreamSynchronize-after-each-batch-untimed\n",
 	       total, batch, reps);
 	fflush(stdout);
@@ -268,7 +295,9 @@ static const struct size_row sizes[] = {
 };
 #define NSIZES (sizeof(sizes) / sizeof(sizes[0]))
 #define ASYNC_MAX (1u << 20)
-#define ALLOC_BUDGET (4ull << 30) // device memory one size may hold at once
+#define ALLOC_BUDGET (1ull << 30) // device memory one size may hold at once
+#define ALLOC_MAX_N 200	     // calls per size and repetition, at most
+#define ALLOC_MIN_N 2	     // ... and at least, whatever the budget
 
 enum alloc_api { AL_CU, AL_CUDA, AL_ASYNC };
 static const char *const alloc_names[][2] = {
@@ -281,7 +310,7 @@ static long alloc_count(size_t bytes)
 {
 	unsigned long long n = ALLOC_BUDGET / bytes;
 
-	return n > 1000 ? 1000 : n < 4 ? 4 : (long)n;
+	return n > ALLOC_MAX_N ? ALLOC_MAX_N : n < ALLOC_MIN_N ? ALLOC_MIN_N : (long)n;
 }
 
 // n allocations of one size then their frees, each group timed; 0 when the
@@ -343,7 +372,7 @@ static int alloc_round(enum alloc_api a, size_t bytes, long n, CUdeviceptr *p, C
 
 static void bench_alloc(int reps)
 {
-	CUdeviceptr *p = (CUdeviceptr *)calloc(1000, sizeof(*p));
+	CUdeviceptr *p = (CUdeviceptr *)calloc(ALLOC_MAX_N, sizeof(*p));
 	int skipped[3][NSIZES] = { { 0 } };
 	char name[64];
 	CUstream s;
@@ -352,8 +381,9 @@ static void bench_alloc(int reps)
 		exit(1);
 	CU(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
 	printf("SHIMCOST-INFO section=alloc reps=%d order=alloc-n-then-free-n-in-allocation-order "
-	       "budget_per_size=%llu async_pool=default async_stream=created-nonblocking\n",
-	       reps, (unsigned long long)ALLOC_BUDGET);
+	       "budget_per_size=%llu max_calls_per_size=%d min_calls_per_size=%d "
+	       "async_pool=default async_stream=created-nonblocking\n",
+	       reps, (unsigned long long)ALLOC_BUDGET, ALLOC_MAX_N, ALLOC_MIN_N);
 	fflush(stdout);
 	for (int r = 0; r < reps; r++)
 		for (size_t z = 0; z < NSIZES; z++)
@@ -399,6 +429,7 @@ static void bench_copy(int reps)
 	fflush(stdout);
 	CU(cuMemcpyHtoDAsync(d, h, COPY_BYTES, s)); // warm-up
 	CU(cuMemcpyDtoHAsync(h, d, COPY_BYTES, s));
+	issued_copies += 2;
 	CU(cuStreamSynchronize(s));
 	for (int r = 0; r < reps; r++)
 		for (int dir = 0; dir < 2; dir++) {
@@ -411,6 +442,8 @@ static void bench_copy(int reps)
 					CU(cuMemcpyDtoHAsync(h, d, COPY_BYTES, s));
 			CU(cuStreamSynchronize(s));
 			double sec = (double)(now_ns() - t0) / 1e9;
+
+			issued_copies += COPY_N;
 			fig_add(dir == 0 ? "copy.HtoD.64MiB" : "copy.DtoH.64MiB", "GB/s", COPY_N,
 				(double)COPY_BYTES * COPY_N / sec / 1e9);
 		}
@@ -423,8 +456,11 @@ static void bench_copy(int reps)
 
 // Every loaded object named libcuda*: two of them (gpucr's and the real one)
 // mean the shim is in place.
+#define MAX_LIBS 4
+
 struct libs {
 	char list[2048];
+	const char *path[MAX_LIBS]; // dlpi_name: valid while the object stays loaded
 	int n;
 };
 
@@ -438,20 +474,64 @@ static int note_lib(struct dl_phdr_info *info, size_t, void *arg)
 		return 0;
 	size_t len = strlen(l->list);
 	snprintf(l->list + len, sizeof(l->list) - len, "%s%s", l->n ? "," : "", info->dlpi_name);
+	if (l->n < MAX_LIBS)
+		l->path[l->n] = info->dlpi_name;
 	l->n++;
 	return 0;
 }
 
-static void usage(void)
+typedef int (*shim_counts_fn)(struct gpucr_shim_counts *, size_t);
+
+// gpucr_shim_counts from whichever loaded object exports it, or NULL (no
+// shim). The shim is the libcuda.so.1 this program links, so the global
+// scope should have it; the loaded libcuda objects are asked by path as well
+// (RTLD_NOLOAD: nothing new is loaded), in case it sits in a local scope.
+// dlopen runs after dl_iterate_phdr, never inside its callback.
+static shim_counts_fn find_shim_counts(const struct libs *l)
 {
-	fprintf(stderr, "usage: shimcost [--launches N] [--batch N] [--reps N] "
-			"[--only launch|alloc|copy]\n");
-	exit(2);
+	void *f = dlsym(RTLD_DEFAULT, "gpucr_shim_counts");
+
+	for (int i = 0; !f && i < l->n && i < MAX_LIBS; i++) {
+		void *h = dlopen(l->path[i], RTLD_NOLOAD | RTLD_LAZY);
+
+		if (!h)
+			continue;
+		f = dlsym(h, "gpucr_shim_counts");
+		dlclose(h); // drops the reference NOLOAD took; the object stays loaded
+	}
+	return (shim_counts_fn)f;
+}
+
+// The SHIMCOST-COUNTS line: what this program issued against what the shim
+// counted, read after everything issued has been synchronised.
+static void print_counts(const struct libs *l)
+{
+	shim_counts_fn fn = find_shim_counts(l);
+	struct gpucr_shim_counts c;
+
+	printf("\nSHIMCOST-COUNTS launches=%llu copies=%llu memsets=0", (unsigned long long)issued_launches,
+	       (unsigned long long)issued_copies);
+	memset(&c, 0, sizeof(c));
+	if (fn && fn(&c, sizeof(c)) == (int)sizeof(c))
+		printf(" shim_kernels=%llu shim_graphs=%llu shim_copies=%llu shim_memsets=%llu\n",
+		       (unsigned long long)c.kernels, (unsigned long long)c.graphs,
+		       (unsigned long long)c.copies, (unsigned long long)c.memsets);
+	else
+		printf(" shim_counts=unavailable\n");
+}
+
+static void usage(FILE *to, int code)
+{
+	fprintf(to, "usage: shimcost [--launches N] [--batch N] [--reps N] [--only launch|alloc|copy]\n"
+		    "defaults: --launches 50000 --batch 500 --reps 5 (reps at most %d); "
+		    "see bench/shimcost.cu for what is measured\n",
+		MAX_REPS);
+	exit(code);
 }
 
 int main(int argc, char **argv)
 {
-	long launches = 1000000, batch = 500;
+	long launches = 50000, batch = 500;
 	int reps = 5, drv = 0, rtv = 0;
 	const char *only = NULL;
 	struct libs libs = {};
@@ -470,12 +550,14 @@ int main(int argc, char **argv)
 			reps = atoi(argv[++i]);
 		else if (!strcmp(argv[i], "--only") && i + 1 < argc)
 			only = argv[++i];
+		else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h"))
+			usage(stdout, 0);
 		else
-			usage();
+			usage(stderr, 2);
 	}
 	if (launches < 1 || batch < 1 || reps < 1 || reps > MAX_REPS ||
 	    (only && strcmp(only, "launch") && strcmp(only, "alloc") && strcmp(only, "copy")))
-		usage();
+		usage(stderr, 2);
 
 	r = cuInit(0);
 	if (r == CUDA_SUCCESS)
@@ -511,6 +593,8 @@ int main(int argc, char **argv)
 		bench_alloc(reps);
 	if (!only || !strcmp(only, "copy"))
 		bench_copy(reps);
-	print_figs();
+	CU(cuCtxSynchronize());
+	print_figs(reps);
+	print_counts(&libs);
 	return 0;
 }

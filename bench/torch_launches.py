@@ -1,18 +1,29 @@
-"""Kernel launches in one training step of the small GPT-style model of
-tests/gpu/torch_train.py (random init, no downloads), counted by
+"""Kernel launches in one step of a PyTorch workload, counted by
 torch.profiler (CUPTI) and, when gpucr's shim is the libcuda.so.1 in use, by
-the shim itself (gpucr_shim_counts, libintercept/gpucr_shim.h). Run it
-without and with the shim (LD_LIBRARY_PATH=$B/lib/gpucr GPUCR_DAEMON=0): the
-profiler's counts must be the same, and with the shim every launch must have
-passed one of its wrappers (bench/shimcost.sh does both runs and compares).
+the shim itself (gpucr_shim_counts, libintercept/gpucr_shim.h). The workload
+is a training step of the small GPT-style model of tests/gpu/torch_train.py
+(random init, no downloads), optionally under torch.compile, or with --gemm
+a loop of cuBLAS GEMMs like tests/gpu/gemm_loop.py's. Run it without and
+with the shim (LD_LIBRARY_PATH=$B/lib/gpucr GPUCR_DAEMON=0): the profiler's
+counts must be the same, and with the shim every launch must have passed
+one of its wrappers (bench/shimcost.sh does both runs and compares).
 
-    python3 torch_launches.py [--warmup N] [--steps N] [--compile] [--names]
+    python3 torch_launches.py [--warmup N] [--steps N] [--compile | --gemm] [--names]
                               [--dim D] [--layers L] [--batch B] [--ctx C] [--vocab V]
+                              [--gemm-n N] [--gemm-iters K]
+
+--gemm: each step multiplies an N x N fp32 state by a fixed matrix
+(torch.matmul, no TF32) and normalises it, K times, then runs one bf16
+GEMM, one addmm (GEMM with a bias) and one batched GEMM (torch.bmm) on it,
+so several cuBLAS/cuBLASLt paths launch; --dim ... --vocab do not apply.
+--compile: the model under torch.compile (default mode: no CUDA graphs);
+not with --gemm.
 
 Each measured step is profiled on its own, after --warmup unprofiled steps
 (cuBLAS handles, the caching allocator, torch.compile's compilation). Prints
 
-    TORCHLAUNCH-INFO torch=... device=... shim=0|1 libcuda=PATH[,PATH] shim_launch_count=available|unavailable
+    TORCHLAUNCH-INFO torch=... device=... shim=0|1 libcuda=PATH[,PATH] workload=train|gemm
+                compile=0|1 ... shim_launch_count=available|unavailable
     TORCHLAUNCH step=K kernels=N memcpy=N memset=N launch_calls=N graph_launch_calls=N
                 shim_kernels=N shim_graphs=N shim_copies=N shim_memsets=N api=NAME:N,...
     TORCHLAUNCH-KERNEL step=K count=N name=...     (with --names)
@@ -140,17 +151,66 @@ def count_trace(path):
     return kernels, apis, memcpy, memset, graphs
 
 
+def make_train_step(args, dev, g):
+    """One training step of torch_train.py's model (optionally compiled)."""
+    model = GPT(args.vocab, args.dim, args.layers, max(1, args.dim // 64), args.ctx).to(dev)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
+    step_fn = torch.compile(model) if args.compile else model
+
+    def step():
+        x = torch.randint(0, args.vocab, (args.batch, args.ctx + 1), device=dev, generator=g)
+        logits = step_fn(x[:, :-1])
+        loss = F.cross_entropy(logits.reshape(-1, args.vocab), x[:, 1:].reshape(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        return loss.item()
+    return step
+
+
+def make_gemm_step(args, dev, g):
+    """A step of cuBLAS GEMMs: --gemm-iters fp32 matmuls of the state, each
+    normalised (gemm_loop.py's step), then a bf16 GEMM, an addmm and a
+    batched GEMM, so the cuBLAS and cuBLASLt kernels of several paths
+    launch. The state carries over from step to step."""
+    n = args.gemm_n
+    a = torch.randn(n, n, device=dev, generator=g) / n ** 0.5
+    a16 = a.to(torch.bfloat16)
+    bias = torch.randn(n, device=dev, generator=g)
+    bat = torch.randn(8, n // 4, n // 4, device=dev, generator=g) / (n // 4) ** 0.5
+    state = {"x": torch.randn(n, n, device=dev, generator=g)}
+
+    def step():
+        x = state["x"]
+        for _ in range(args.gemm_iters):
+            x = a @ x
+            x = x / x.norm()
+        state["x"] = x
+        y = (a16 @ x.to(torch.bfloat16)).float()
+        y = torch.addmm(bias, a, y)
+        z = torch.bmm(bat, bat)
+        return float(x.double().abs().sum().item() + y.sum().item() + z.sum().item())
+    return step
+
+
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--steps", type=int, default=3)
-    ap.add_argument("--compile", action="store_true")
-    ap.add_argument("--names", action="store_true")
+    ap = argparse.ArgumentParser(description="Kernel launches per step of a PyTorch workload: "
+                                 "torch.profiler's count and gpucr's shim's.")
+    ap.add_argument("--warmup", type=int, default=3, help="unprofiled steps first (default 3)")
+    ap.add_argument("--steps", type=int, default=3, help="profiled steps (default 3)")
+    work = ap.add_mutually_exclusive_group()
+    work.add_argument("--compile", action="store_true", help="train under torch.compile")
+    work.add_argument("--gemm", action="store_true",
+                      help="a loop of cuBLAS GEMMs (torch.matmul) in place of training")
+    ap.add_argument("--names", action="store_true", help="list the kernels of each step")
     ap.add_argument("--dim", type=int, default=512)
     ap.add_argument("--layers", type=int, default=6)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--ctx", type=int, default=256)
     ap.add_argument("--vocab", type=int, default=8192)
+    ap.add_argument("--gemm-n", type=int, default=2048, help="--gemm: matrix size (default 2048)")
+    ap.add_argument("--gemm-iters", type=int, default=8,
+                    help="--gemm: fp32 GEMMs per step (default 8)")
     args = ap.parse_args()
 
     if not torch.cuda.is_available():
@@ -164,20 +224,9 @@ def main():
     torch.backends.cudnn.benchmark = False
     torch.backends.cuda.matmul.allow_tf32 = False
     dev = "cuda"
-    model = GPT(args.vocab, args.dim, args.layers, max(1, args.dim // 64), args.ctx).to(dev)
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
-    step_fn = torch.compile(model) if args.compile else model
     g = torch.Generator(device=dev)
     g.manual_seed(42)
-
-    def step():
-        x = torch.randint(0, args.vocab, (args.batch, args.ctx + 1), device=dev, generator=g)
-        logits = step_fn(x[:, :-1])
-        loss = F.cross_entropy(logits.reshape(-1, args.vocab), x[:, 1:].reshape(-1))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        return loss.item()
+    step = make_gemm_step(args, dev, g) if args.gemm else make_train_step(args, dev, g)
 
     for _ in range(args.warmup):
         step()
@@ -188,13 +237,17 @@ def main():
     if len(libs) > 1 and not shim_read:
         print("torch_launches: no loaded libcuda (%s) exports gpucr_shim_counts: "
               "the shim's counts are unavailable" % ",".join(libs), file=sys.stderr)
+    if args.gemm:
+        shape = "gemm-n%d-iters%d" % (args.gemm_n, args.gemm_iters)
+    else:
+        shape = ("dim%d-layers%d-batch%d-ctx%d-vocab%d"
+                 % (args.dim, args.layers, args.batch, args.ctx, args.vocab))
     print("TORCHLAUNCH-INFO torch=%s cuda=%s device=%s shim=%d libcuda=%s gpucr_daemon=%s "
-          "compile=%d model=dim%d-layers%d-batch%d-ctx%d-vocab%d warmup=%d "
-          "shim_launch_count=%s"
+          "workload=%s compile=%d model=%s warmup=%d shim_launch_count=%s"
           % (torch.__version__, torch.version.cuda,
              torch.cuda.get_device_name(0).replace(" ", "-"), len(libs) > 1,
-             ",".join(libs) or "?", os.environ.get("GPUCR_DAEMON", "unset"), args.compile,
-             args.dim, args.layers, args.batch, args.ctx, args.vocab, args.warmup,
+             ",".join(libs) or "?", os.environ.get("GPUCR_DAEMON", "unset"),
+             "gemm" if args.gemm else "train", args.compile, shape, args.warmup,
              "available" if shim_read else "unavailable"), flush=True)
 
     acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]

@@ -32,7 +32,8 @@ mkdir -p "$out"/{bin,libexec/criu,lib/gpucr,lib/criu,lib/criu-stock,lib/criu-dep
 for f in gpucr gpucrd cuda-checkpoint imgbench; do
 	[ -x "$BUILD/bin/$f" ] && install -m 0755 "$BUILD/bin/$f" "$out/bin/$f"
 done
-# shimcost (nvcc, gpu-progs); its script and torch_launches.py go to share/gpucr/bench below.
+# shimcost (nvcc, gpu-progs); its script and torch_launches.py go to share/gpucr/bench below
+# (the script also runs tests/gpu/cuda-prog --counts, copied with the GPU suite).
 [ -x "$BUILD/bin/shimcost" ] && install -m 0755 "$BUILD/bin/shimcost" "$out/bin/shimcost"
 [ -f "$BUILD/lib/gpucr/libcuda.so.1" ] && install -m 0755 "$BUILD/lib/gpucr/libcuda.so.1" "$out/lib/gpucr/"
 [ -f "$BUILD/lib/criu/gpucr_plugin.so" ] &&

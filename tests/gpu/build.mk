@@ -5,9 +5,10 @@ NVCC_FLAGS ?= -O2 -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,c
 
 GPU_PROGS := $(BUILD)/tests/gpu/cuda-prog
 
-$(BUILD)/tests/gpu/%: tests/gpu/%.cu
+# -Ilibintercept: gpucr_shim.h, for cuda-prog --counts.
+$(BUILD)/tests/gpu/%: tests/gpu/%.cu libintercept/gpucr_shim.h
 	@mkdir -p $(@D)
-	$(NVCC) $(NVCC_FLAGS) -o $@ $<
+	$(NVCC) $(NVCC_FLAGS) -Xcompiler -Wall,-Wextra -Ilibintercept -o $@ $< -ldl
 
 .PHONY: gpu-progs
 gpu-progs: $(GPU_PROGS)

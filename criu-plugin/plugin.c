@@ -212,6 +212,15 @@ static int wake(int pid)
 
 static int leave_running(void);
 
+/* GPUCR_IMAGE_WAIT=0: CRIU does not wait for the GPU images (gpucr dump
+ * waits for them itself, once CRIU is done). */
+static int image_wait(void)
+{
+	const char *env = getenv("GPUCR_IMAGE_WAIT");
+
+	return !(env && !strcmp(env, "0"));
+}
+
 static int pause_attached(int pid)
 {
 	Gpucr__Msg m = GPUCR__MSG__INIT, *rep = NULL;
@@ -233,6 +242,10 @@ static int pause_attached(int pid)
 	 * saves its memory (GPUCR_CONCURRENT=0: it waits for its image). */
 	dr.has_concurrent = 1;
 	dr.concurrent = dr.leave_running && !(getenv("GPUCR_CONCURRENT") && !strcmp(getenv("GPUCR_CONCURRENT"), "0"));
+	/* Nothing waits for the image before the driver is done with the
+	 * process: gpucrd may hold its write back until then. */
+	dr.has_image_background = 1;
+	dr.image_background = !image_wait();
 	m.body_case = GPUCR__MSG__BODY_DUMP;
 	m.dump = &dr;
 	r = call_simple(&m, dirfd, "taking its GPU memory over", pid, &rep);
@@ -330,14 +343,13 @@ static int gpucr_checkpoint_devices(int pid)
 	if (t->gpucr) {
 		Gpucr__Msg m = GPUCR__MSG__INIT;
 		Gpucr__DumpWait w = GPUCR__DUMP_WAIT__INIT;
-		const char *wait_env = getenv("GPUCR_IMAGE_WAIT");
 
 		/* The memory is held by gpucrd now; the image can be written
 		 * while CRIU finishes (and the process is restored from the
 		 * memory meanwhile, if asked). By default the dump waits, so that
 		 * a dump that succeeds has its image complete; gpucr dump lets
 		 * CRIU go on and waits for the image itself. */
-		if (wait_env && !strcmp(wait_env, "0")) {
+		if (!image_wait()) {
 			pl_info("pid %d: the GPU image is written in the background", pid);
 			return 0;
 		}

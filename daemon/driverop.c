@@ -16,6 +16,7 @@
 #include "log.h"
 
 struct drv_job {
+	struct daemon *d;
 	struct conn *c;
 	uint64_t id;
 	int pid;
@@ -119,6 +120,9 @@ static void drv_done(void *data, int status)
 		m.driver_op_reply = &dr;
 		conn_reply(j->c, j->id, &m, NULL, 0);
 	}
+	/* After the line above: a GPU run's log shows the driver done first,
+	 * then the image write it held back. */
+	dump_driver_op_done(registry_find(j->d, (pid_t)j->pid), j->op, j->err);
 	conn_put(j->c);
 	free(j);
 }
@@ -139,6 +143,7 @@ int driver_op(struct daemon *d, struct conn *c, const Gpucr__Msg *req)
 	j = calloc(1, sizeof(*j));
 	if (!j)
 		return conn_reply_err(c, id, -ENOMEM, "out of memory");
+	j->d = d;
 	j->c = c;
 	j->id = id;
 	j->pid = (int)o->pid;

@@ -119,6 +119,11 @@ int dump_resume_save_epoch(struct proc *p);
 void dump_save_epoch_answered(struct proc *p, int ok);
 /* ChunksWanted from p's shim. */
 int dump_chunks_wanted(struct proc *p, struct conn *c, const Gpucr__Msg *req);
+/* A driver operation on p (driverop.c) ended, err 0 or how it failed: the
+ * image write its dump holds back may start (GPUCR_WRITE_AFTER_DRIVER). */
+void dump_driver_op_done(struct proc *p, Gpucr__DriverOpKind op, int err);
+/* gpucrd stops: no image write waits any longer for a driver operation. */
+void dump_release_holds(struct daemon *d);
 
 /* restore.c */
 int restore_start(struct daemon *d, struct conn *c, const Gpucr__Msg *req, int dirfd);
@@ -151,7 +156,14 @@ struct img_hooks {
 struct img_stats {
 	uint64_t *progress_done, *progress_total;
 	const struct img_hooks *hooks;  /* imgio_write: a concurrent checkpoint, or NULL */
+	/* imgio_write: called once the fingerprints at T are taken (and, in a
+	 * concurrent checkpoint, the copy on the GPU made: spare 1, or not: 0),
+	 * right before the data moves device -> host; it may block (the dump
+	 * holding the write back). NULL: none. */
+	void (*before_data)(void *data, int spare);
+	void *before_data_arg;
 	uint64_t bytes, stored, elapsed_ns;
+	uint64_t held_ns;               /* imgio_write: time before_data held the write (not in elapsed_ns) */
 	uint32_t control_tid, uid;      /* imgio_read: from the image header */
 	int escaped;
 	char comm[64];

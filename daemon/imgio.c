@@ -721,7 +721,7 @@ static int spare_snapshot(struct xfer *x, struct run *runs, size_t nruns, struct
 			  size_t msglen)
 {
 	const struct cudrv *drv = gpu_drv();
-	uint64_t margin = env_u64("GPUCR_SPARE_MARGIN_MB", 4096) << 20, need = 0;
+	uint64_t margin = env_u64("GPUCR_SPARE_MARGIN_MB", 4096) << 20, need = 0, t0 = now_ns();
 	size_t i, made = 0;
 	int r = 0;
 
@@ -790,6 +790,8 @@ static int spare_snapshot(struct xfer *x, struct run *runs, size_t nruns, struct
 		if (x->hooks->saved)
 			x->hooks->saved(x->hooks->data, run_va(rn, 0), rn->len);
 	}
+	pr_debug("pid %d: spare copy done: %.1f GiB copied on the GPU and checked in %.1f ms", (int)x->pid,
+		 need / 1073741824.0, (now_ns() - t0) / 1e6);
 	pr_info("pid %d: %.1f GiB copied to spare GPU memory at T; the process waits for nothing", (int)x->pid,
 		need / 1073741824.0);
 	return 1;
@@ -807,7 +809,7 @@ int imgio_write(struct proc *p, int dirfd, struct img_stats *st, char *msg, size
 	Gpucr__ImageHeader hdr = GPUCR__IMAGE_HEADER__INIT;
 	Gpucr__Device devrec[GPU_MAX_DEVICES], *devp[GPU_MAX_DEVICES];
 	Gpucr__ImageTrailer tr = GPUCR__IMAGE_TRAILER__INIT;
-	uint64_t chunk = chunk_size(), t0 = now_ns(), pages_size, piece = 0;
+	uint64_t chunk = chunk_size(), t0 = now_ns(), pages_size, piece = 0, t_data;
 	struct gpu_mem *spare = NULL;
 	struct img_writer *w = NULL;
 	struct rbuf **bufs = NULL, *b;
@@ -816,18 +818,22 @@ int imgio_write(struct proc *p, int dirfd, struct img_stats *st, char *msg, size
 	size_t nb = 0, i, ndev = 0, nruns = 0, caprun = 0;
 	struct img_errbuf eb;
 	struct xfer x = { .nfiles = 0 };
-	int r = 0;
+	int r = 0, made = 0;
 	char writer[64];
 	struct timespec rt;
 
 	{
 		uint64_t *pd = st->progress_done, *pt = st->progress_total;
 		const struct img_hooks *hk = st->hooks;
+		void (*bd)(void *, int) = st->before_data;
+		void *bda = st->before_data_arg;
 
 		memset(st, 0, sizeof(*st));
 		st->progress_done = pd;
 		st->progress_total = pt;
 		st->hooks = hk;
+		st->before_data = bd;
+		st->before_data_arg = bda;
 	}
 	bufs = calloc(p->nbufs ? p->nbufs : 1, sizeof(*bufs));
 	recs = calloc(p->nbufs ? p->nbufs : 1, sizeof(*recs));
@@ -986,13 +992,12 @@ int imgio_write(struct proc *p, int dirfd, struct img_stats *st, char *msg, size
 	if (r < 0)
 		goto out;
 
+	pr_debug("pid %d: fingerprints at T done: %zu buffers, %" PRIu64 " MiB, %" PRIu64 " MiB to store, in %.1f ms",
+		 (int)p->pid, nb, st->bytes >> 20, st->stored >> 20, (now_ns() - t0) / 1e6);
 	if (st->hooks && st->hooks->fingerprinted)
 		st->hooks->fingerprinted(st->hooks->data);
 	if (st->progress_total)
 		__atomic_store_n(st->progress_total, st->stored, __ATOMIC_RELAXED);
-	/* Fault injection for tests: a slow image write. */
-	if (env_u64("GPUCR_FI_IMAGE_DELAY_MS", 0))
-		usleep((useconds_t)(env_u64("GPUCR_FI_IMAGE_DELAY_MS", 0) * 1000));
 
 	/* The data. */
 	memset(&x, 0, sizeof(x));
@@ -1030,8 +1035,6 @@ int imgio_write(struct proc *p, int dirfd, struct img_stats *st, char *msg, size
 	x.msg = msg;
 	x.msglen = msglen;
 	if (x.hooks) {
-		int made = 0;
-
 		spare = calloc(nruns ? nruns : 1, sizeof(*spare));
 		if (spare) {
 			r = spare_snapshot(&x, runs, nruns, spare, msg, msglen);
@@ -1043,6 +1046,20 @@ int imgio_write(struct proc *p, int dirfd, struct img_stats *st, char *msg, size
 		if (x.hooks->copied)
 			x.hooks->copied(x.hooks->data, made);
 	}
+	if (st->before_data) {
+		/* Not counted in elapsed_ns: its rate is the write's alone. */
+		uint64_t th = now_ns();
+
+		st->before_data(st->before_data_arg, made);
+		st->held_ns = now_ns() - th;
+	}
+	/* Fault injection for tests: a slow image write (after the state at T
+	 * is taken: fingerprints, and a copy on the GPU where one is made). */
+	if (env_u64("GPUCR_FI_IMAGE_DELAY_MS", 0))
+		usleep((useconds_t)(env_u64("GPUCR_FI_IMAGE_DELAY_MS", 0) * 1000));
+	t_data = now_ns();
+	pr_debug("pid %d: D2H write started: %" PRIu64 " MiB in %zu runs%s, %s engine", (int)p->pid, st->stored >> 20,
+		 nruns, made ? " from the spare copy" : "", !x.hooks && use_uring(&x) ? "io_uring" : "parallel");
 	r = transfer(&x);
 	if (r < 0)
 		goto out;
@@ -1054,7 +1071,7 @@ int imgio_write(struct proc *p, int dirfd, struct img_stats *st, char *msg, size
 	}
 	if (r < 0)
 		goto out;
-	st->elapsed_ns = now_ns() - t0;
+	st->elapsed_ns = now_ns() - t0 - st->held_ns;
 	tr.has_stored_bytes = 1;
 	tr.stored_bytes = st->stored;
 	tr.has_total_bytes = 1;
@@ -1066,7 +1083,11 @@ int imgio_write(struct proc *p, int dirfd, struct img_stats *st, char *msg, size
 	w = NULL;
 	if (r < 0)
 		snprintf(msg, msglen, "%s", eb.msg);
-	st->elapsed_ns = now_ns() - t0;
+	st->elapsed_ns = now_ns() - t0 - st->held_ns;
+	if (!r)
+		pr_debug("pid %d: write finished: %" PRIu64 " MiB in %.1f ms (%.1f GB/s), image committed", (int)p->pid,
+			 st->stored >> 20, (now_ns() - t_data) / 1e6,
+			 now_ns() > t_data ? st->stored / ((now_ns() - t_data) / 1e9) / 1e9 : 0.0);
 out:
 	for (i = 0; spare && i < nruns; i++)
 		if (spare[i].va)

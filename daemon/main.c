@@ -84,6 +84,7 @@ static void on_signal(uv_signal_t *h, int sig)
 	struct daemon *d = h->data;
 
 	pr_info("signal %d: shutting down", sig);
+	dump_release_holds(d);
 	server_stop(d);
 	uv_signal_stop(&d->sigterm);
 	uv_signal_stop(&d->sigint);

@@ -8,7 +8,8 @@
 # damaged image refused (found while loading in the background, or before
 # the restore starts with GPUCR_RESTORE_EARLY=0); gpucrd absent (the dump
 # fails with a message and the application keeps running); a process tree
-# with non-CUDA children; the image written in the background; gpucr
+# with non-CUDA children; the image written in the background (its write
+# held back until the driver is done, GPUCR_WRITE_AFTER_DRIVER=1); gpucr
 # dump / restore; gpucr checkpoint (periodic, rotated, restored from latest).
 set -u
 B=$(cd "${BUILD:-build}" && pwd)
@@ -167,8 +168,11 @@ fi
 # 7. the image written in the background (GPUCR_IMAGE_WAIT=0): CRIU does not
 # wait for it, a restore right away gets the retained memory (the image is
 # made slow on purpose), and the process maps it once the image is done.
+# With GPUCR_WRITE_AFTER_DRIVER=1 the write waits for the driver's
+# checkpoint, which the plugin asks for right after the release (the test
+# driver's checkpoint and restore made to take 0.3 s, like the driver's).
 stop_daemon
-GPUCR_FI_IMAGE_DELAY_MS=1500 start_daemon
+GPUCR_WRITE_AFTER_DRIVER=1 GPUCR_LOG=debug FAKECUDA_CKPT_DELAY_MS=300 GPUCR_FI_IMAGE_DELAY_MS=1500 start_daemon
 GPUCR_IMAGE_WAIT=0 flow background "" ""
 check_same background
 bgpid=$(cat "$W/background.dumped" 2>/dev/null)
@@ -177,6 +181,23 @@ if awk -v p="pid $bgpid " 'index($0, p) && /restoring from retained/ { r = NR } 
 else
 	bad "background: the restore did not overlap the image write"
 	grep "pid $bgpid " "$W/gpucrd.log" | sed 's/^/    gpucrd| /'
+fi
+# first_lines PID PATTERN...: the line number of the first gpucrd log line of
+# PID matching each PATTERN, in order (0: none).
+first_lines() {
+	local p=$1
+	shift
+	for pat in "$@"; do
+		awk -v p="pid $p: " -v re="$pat" 'index($0, p) && $0 ~ re { print NR; f = 1; exit } END { if (!f) print 0 }' "$W/gpucrd.log"
+	done | tr '\n' ' '
+}
+read -r fpl ckl wrl <<<"$(first_lines "$bgpid" "fingerprints at T done" "driver checkpoint in" "D2H write started")"
+if grep -q "pid $bgpid: image write held back .* until the driver's checkpoint was done" "$W/gpucrd.log" &&
+	[ "$fpl" -gt 0 ] && [ "$fpl" -lt "$ckl" ] && [ "$ckl" -lt "$wrl" ]; then
+	ok "background: fingerprints, then the driver's checkpoint, then the image write (GPUCR_WRITE_AFTER_DRIVER=1)"
+else
+	bad "background: the image write did not wait for the driver's checkpoint (lines $fpl $ckl $wrl)"
+	grep "pid $bgpid" "$W/gpucrd.log" | sed 's/^/    gpucrd| /'
 fi
 stop_daemon
 start_daemon
@@ -317,9 +338,12 @@ else
 fi
 # 12. the same with room on the GPU: the memory is copied device to device
 # at T, so the process waits for nothing and a write through a pointer held
-# in device memory after T does not matter (no retry).
+# in device memory after T does not matter (no retry). With
+# GPUCR_WRITE_AFTER_DRIVER=1 the image is written from that copy only after
+# the driver's unlock (the process runs again); the copy stays at T (the
+# test driver's checkpoint and restore take 0.3 s each here).
 stop_daemon
-GPUCR_SPARE_MARGIN_MB=0 GPUCR_FI_SLICE_DELAY_MS=300 start_daemon
+GPUCR_WRITE_AFTER_DRIVER=1 GPUCR_LOG=debug FAKECUDA_CKPT_DELAY_MS=300 GPUCR_SPARE_MARGIN_MB=0 GPUCR_FI_SLICE_DELAY_MS=300 start_daemon
 conc_case spare 1 "$W/ref-esc"
 spid=$(cat "$W/spare.pid" 2>/dev/null)
 if grep -q "pid $spid: .* copied to spare GPU memory at T" "$W/gpucrd.log" && ! grep -q "retrying" "$W/spare.dump.out"; then
@@ -327,6 +351,14 @@ if grep -q "pid $spid: .* copied to spare GPU memory at T" "$W/gpucrd.log" && ! 
 else
 	bad "spare: no copy to spare GPU memory at T, or a retry"
 	cat "$W/spare.dump.out" | sed 's/^/    /'
+	grep "pid $spid" "$W/gpucrd.log" | sed 's/^/    gpucrd| /'
+fi
+read -r spl unl wrl <<<"$(first_lines "$spid" "spare copy done" "driver unlock in" "D2H write started: .* from the spare copy")"
+if grep -q "pid $spid: image write held back .* until the driver's unlock was done" "$W/gpucrd.log" &&
+	[ "$spl" -gt 0 ] && [ "$spl" -lt "$unl" ] && [ "$unl" -lt "$wrl" ]; then
+	ok "spare: copied at T, then the driver's unlock, then the image written from the copy (GPUCR_WRITE_AFTER_DRIVER=1)"
+else
+	bad "spare: the image write did not wait for the driver's unlock (lines $spl $unl $wrl)"
 	grep "pid $spid" "$W/gpucrd.log" | sed 's/^/    gpucrd| /'
 fi
 stop_daemon

@@ -5,7 +5,10 @@
  * retained memory, restore from the image after a daemon restart, a
  * damaged or truncated image refused with a message naming the problem, a
  * second dump while one runs refused, another uid refused, a full disk
- * giving an error and no image that looks complete. */
+ * giving an error and no image that looks complete; with
+ * GPUCR_WRITE_AFTER_DRIVER=1, the image write of a dump nothing waits for
+ * held back until the driver's checkpoint (this program plays the CRIU
+ * plugin), or a DumpWait, or the timeout when no driver call comes. */
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -32,7 +35,7 @@
 #define NBUF 3
 static const size_t sizes[NBUF] = { 2u << 20, 6u << 20, 4u << 20 };
 
-static char sockpath[128], daemon_bin[2048], fake_lib[4096];
+static char sockpath[128], logpath[128], daemon_bin[2048], fake_lib[4096];
 static pid_t daemon_pid;
 static CUdeviceptr va[NBUF];
 static CUmemGenericAllocationHandle handles[NBUF];
@@ -286,7 +289,12 @@ static void start_daemon(void)
 			setenv("GPUCR_RETAIN_MAX_MB", "0", 1);
 		else
 			unsetenv("GPUCR_RETAIN_MAX_MB");
-		execl(daemon_bin, daemon_bin, "--socket", sockpath, (char *)NULL);
+		/* Holds only dumps that say nothing waits for their image (step 9);
+		 * the log (debug: timestamps) shows when each write started. */
+		setenv("GPUCR_WRITE_AFTER_DRIVER", "1", 1);
+		setenv("GPUCR_WRITE_AFTER_DRIVER_TIMEOUT_MS", "1000", 1);
+		setenv("GPUCR_LOG", "debug", 1);
+		execl(daemon_bin, daemon_bin, "--socket", sockpath, "--log", logpath, (char *)NULL);
 		_exit(127);
 	}
 	for (i = 0; i < 300; i++) {
@@ -357,6 +365,43 @@ static Gpucr__Msg *dump(int fd, int dirfd)
 	return call(fd, &m, dirfd);
 }
 
+/* A dump that nothing waits for (GPUCR_IMAGE_WAIT=0 in the plugin). */
+static Gpucr__Msg *dump_background(int fd, int dirfd, int leave_running)
+{
+	Gpucr__Msg m = GPUCR__MSG__INIT;
+	Gpucr__DumpRequest d = GPUCR__DUMP_REQUEST__INIT;
+
+	d.pid = (uint32_t)app_pid;
+	d.has_leave_running = 1;
+	d.leave_running = leave_running;
+	d.has_image_background = 1;
+	d.image_background = 1;
+	m.body_case = GPUCR__MSG__BODY_DUMP;
+	m.dump = &d;
+	return call(fd, &m, dirfd);
+}
+
+/* A driver operation on this process through gpucrd, as the plugin asks. */
+static int driver_op(int fd, Gpucr__DriverOpKind op)
+{
+	Gpucr__Msg m = GPUCR__MSG__INIT, *r;
+	Gpucr__DriverOp o = GPUCR__DRIVER_OP__INIT;
+	int err;
+
+	o.pid = (uint32_t)app_pid;
+	o.op = op;
+	o.has_timeout_ms = 1;
+	o.timeout_ms = 2000;
+	m.body_case = GPUCR__MSG__BODY_DRIVER_OP;
+	m.driver_op = &o;
+	r = call(fd, &m, -1);
+	err = r->err;
+	if (err)
+		fprintf(stderr, "driver operation %d: %s\n", (int)op, r->err_msg ? r->err_msg : "");
+	msg_free(r);
+	return err;
+}
+
 static Gpucr__Msg *dump_wait(int fd)
 {
 	Gpucr__Msg m = GPUCR__MSG__INIT;
@@ -419,6 +464,113 @@ static size_t ps_count(int fd)
 	n = r->ps_reply->n_procs;
 	msg_free(r);
 	return n;
+}
+
+/* This process's state in gpucrd (RELEASED while its image is written). */
+static int ps_state(int fd)
+{
+	Gpucr__Msg m = GPUCR__MSG__INIT, *r;
+	Gpucr__PsRequest p = GPUCR__PS_REQUEST__INIT;
+	int st = -1;
+
+	p.pid = (uint32_t)app_pid;
+	m.body_case = GPUCR__MSG__BODY_PS;
+	m.ps = &p;
+	r = call(fd, &m, -1);
+	REQUIRE(r && r->body_case == GPUCR__MSG__BODY_PS_REPLY);
+	if (r->ps_reply->n_procs == 1)
+		st = r->ps_reply->procs[0]->state;
+	msg_free(r);
+	return st;
+}
+
+static double mono(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+/* Polls until its image is complete (DUMPED); the seconds it took. */
+static double wait_dumped(int fd, double limit)
+{
+	double t0 = mono();
+
+	while (ps_state(fd) != GPUCR__PROC_STATE__PROC_DUMPED && mono() - t0 < limit)
+		usleep(10000);
+	return mono() - t0;
+}
+
+/* ---- the daemon's log ---------------------------------------------------- */
+
+static off_t log_size(void)
+{
+	struct stat st;
+
+	return stat(logpath, &st) == 0 ? st.st_size : 0;
+}
+
+/* The log from offset off (malloc'd, NUL-terminated). */
+static char *log_since(off_t off)
+{
+	off_t end = log_size();
+	char *buf = calloc(1, (size_t)(end > off ? end - off : 0) + 1);
+	int fd = open(logpath, O_RDONLY | O_CLOEXEC);
+
+	REQUIRE(buf && fd >= 0);
+	if (end > off)
+		REQUIRE(pread(fd, buf, (size_t)(end - off), off) == end - off);
+	close(fd);
+	return buf;
+}
+
+/* The first line of log holding both a and b (the start of that line), or NULL. */
+static const char *log_line(const char *log, const char *a, const char *b)
+{
+	const char *l = log;
+
+	while (l && *l) {
+		const char *e = strchr(l, '\n'), *x = strstr(l, a);
+
+		if (x && (!e || x < e)) {
+			const char *y = strstr(l, b);
+
+			if (y && (!e || y < e))
+				return l;
+		}
+		l = e ? e + 1 : NULL;
+	}
+	return NULL;
+}
+
+/* "... image write held back N ms, until ...": N, or -1. */
+static long held_ms(const char *line)
+{
+	const char *x = line ? strstr(line, "image write held back ") : NULL;
+
+	return x ? strtol(x + strlen("image write held back "), NULL, 10) : -1;
+}
+
+/* A debug line's monotonic time ("gpucrd[PID] SEC.MSEC file:line: ..."). */
+static double line_time(const char *line)
+{
+	const char *x = line ? strchr(line, ']') : NULL;
+
+	return x ? strtod(x + 1, NULL) : -1;
+}
+
+static void show_log(const char *log, const char *pidstr)
+{
+	const char *l = log;
+
+	while (l && *l) {
+		const char *e = strchr(l, '\n');
+
+		if (strstr(l, pidstr) && (!e || strstr(l, pidstr) < e))
+			fprintf(stderr, "    gpucrd| %.*s\n", (int)(e ? e - l : (long)strlen(l)), l);
+		l = e ? e + 1 : NULL;
+	}
 }
 
 static uint64_t held_bytes(void)
@@ -542,6 +694,7 @@ int main(void)
 	snprintf(fake_lib, sizeof(fake_lib), "%s/../fakecuda/libcuda.so.1", daemon_bin);
 	strcat(daemon_bin, "/../bin/gpucrd");
 	snprintf(sockpath, sizeof(sockpath), "/tmp/gpucrd-dump-%d.sock", (int)getpid());
+	snprintf(logpath, sizeof(logpath), "/tmp/gpucrd-dump-%d.log", (int)getpid());
 	REQUIRE(mkdtemp(dir));
 	dirfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	sem_init(&reconnect_sem, 0, 0);
@@ -666,6 +819,110 @@ int main(void)
 		rmdir(small);
 	}
 
+	/* 9. GPUCR_WRITE_AFTER_DRIVER=1 (every daemon here has it): a dump that
+	 * nothing waits for writes its image only once the driver's checkpoint
+	 * of the process is done. This program plays the CRIU plugin: dump,
+	 * then the driver's lock and checkpoint (which the test driver grants
+	 * only to a process holding no device memory), restore and unlock. */
+	{
+		char pidstr[32], *log;
+		const char *held, *ck, *wr, *fp, *fin;
+		off_t off = log_size();
+		double t;
+
+		snprintf(pidstr, sizeof(pidstr), "pid %d:", (int)app_pid);
+		r = dump_background(c, dirfd, 0);
+		REQUIRE(r->err == 0);
+		msg_free(r);
+		CHECK_EQ_INT(held_bytes(), 0);
+		usleep(300000);
+		/* 8 MiB take milliseconds: only the hold keeps it unwritten. */
+		CHECK_EQ_INT(ps_state(c), GPUCR__PROC_STATE__PROC_RELEASED);
+		CHECK_EQ_INT(driver_op(c, GPUCR__DRIVER_OP_KIND__DRV_LOCK), 0);
+		CHECK_EQ_INT(driver_op(c, GPUCR__DRIVER_OP_KIND__DRV_CHECKPOINT), 0);
+		t = wait_dumped(c, 5);
+		CHECK(t < 0.6); /* well before the 1 s timeout */
+		CHECK_EQ_INT(driver_op(c, GPUCR__DRIVER_OP_KIND__DRV_RESTORE), 0);
+		CHECK_EQ_INT(driver_op(c, GPUCR__DRIVER_OP_KIND__DRV_UNLOCK), 0);
+		r = dump_wait(c);
+		CHECK_EQ_INT(r->err, 0);
+		msg_free(r);
+		image_matches(dirfd);
+		log = log_since(off);
+		held = log_line(log, pidstr, "until the driver's checkpoint was done");
+		ck = log_line(log, pidstr, "driver checkpoint in");
+		wr = log_line(log, pidstr, "D2H write started");
+		CHECK(held != NULL);
+		CHECK(held_ms(held) >= 250);
+		/* The write started after the checkpoint: in the log's order, and
+		 * by the lines' monotonic times. */
+		CHECK(ck && wr && ck < wr && line_time(ck) <= line_time(wr));
+		fp = log_line(log, pidstr, "fingerprints at T done");
+		fin = log_line(log, pidstr, "write finished");
+		CHECK(fp && wr && fp < wr);
+		CHECK(fin && wr && fin > wr);
+		if (t_failed)
+			show_log(log, pidstr);
+		free(log);
+		restore_and_check(c, dirfd, 1);
+
+		/* 9b. no driver call comes (a dump not made by CRIU's plugin): the
+		 * write starts after the timeout (1 s here), and the image is
+		 * complete and restores. */
+		off = log_size();
+		r = dump_background(c, dirfd, 0);
+		REQUIRE(r->err == 0);
+		msg_free(r);
+		t = wait_dumped(c, 5);
+		CHECK(t >= 0.9 && t < 4);
+		r = dump_wait(c);
+		CHECK_EQ_INT(r->err, 0);
+		msg_free(r);
+		image_matches(dirfd);
+		log = log_since(off);
+		held = log_line(log, pidstr, "until the timeout: no driver checkpoint of the process came within 1000 ms");
+		CHECK(held != NULL);
+		CHECK(held_ms(held) >= 900);
+		if (t_failed)
+			show_log(log, pidstr);
+		free(log);
+		restore_and_check(c, dirfd, 1);
+
+		/* 9c. a DumpWait for it ends the hold: someone waits for the image. */
+		off = log_size();
+		r = dump_background(c, dirfd, 0);
+		REQUIRE(r->err == 0);
+		msg_free(r);
+		t = mono();
+		r = dump_wait(c);
+		CHECK_EQ_INT(r->err, 0);
+		msg_free(r);
+		CHECK(mono() - t < 0.6);
+		image_matches(dirfd);
+		log = log_since(off);
+		CHECK(log_line(log, pidstr, "a DumpWait came") != NULL);
+		if (t_failed)
+			show_log(log, pidstr);
+		free(log);
+		restore_and_check(c, dirfd, 1);
+
+		/* 9d. left running but not concurrent: the process waits for its
+		 * image, so the write is not held. */
+		off = log_size();
+		r = dump_background(c, dirfd, 1);
+		REQUIRE(r->err == 0);
+		msg_free(r);
+		CHECK(wait_dumped(c, 5) < 0.6);
+		image_matches(dirfd);
+		log = log_since(off);
+		CHECK(log_line(log, pidstr, "image write not held back: the process waits for it") != NULL);
+		CHECK(log_line(log, pidstr, "image write held back") == NULL);
+		if (t_failed)
+			show_log(log, pidstr);
+		free(log);
+		restore_and_check(c, dirfd, 1);
+	}
+
 	/* 7. a damaged chunk: the restore is refused and says where. */
 	err = full_dump(c, dirfd, msg, sizeof(msg));
 	REQUIRE(err == 0);
@@ -710,5 +967,9 @@ int main(void)
 		snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
 		REQUIRE(system(cmd) == 0);
 	}
+	if (!t_failed && !getenv("GPUCR_TEST_KEEP"))
+		unlink(logpath);
+	else
+		fprintf(stderr, "gpucrd's log: %s\n", logpath);
 	return t_done();
 }

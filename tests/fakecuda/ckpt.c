@@ -227,6 +227,22 @@ static uint64_t now_ms(void)
 	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
 }
 
+/* FAKECUDA_CKPT_DELAY_MS in the caller: checkpoint and restore take that
+ * long, as the driver's do even for a process that released its device
+ * memory (0.4 s and 0.25 s on an H200), so tests can order other work
+ * against them. */
+static void ckpt_delay(void)
+{
+	const char *env = getenv("FAKECUDA_CKPT_DELAY_MS");
+	unsigned long ms = env && *env ? strtoul(env, NULL, 10) : 0;
+	struct timespec ts = { (time_t)(ms / 1000), (long)(ms % 1000) * 1000000L };
+	int saved = errno;
+
+	while (ms && nanosleep(&ts, &ts) < 0 && errno == EINTR)
+		;
+	errno = saved;
+}
+
 /* With FAKECUDA_RESTORE_THREAD in the target: the call needs the target's
  * restore thread to run (see gate.c).  The driver would wait for it without
  * end; the fake gives up after FAKECUDA_RESTORE_THREAD_WAIT_MS (default
@@ -361,6 +377,7 @@ CUresult CUDAAPI cuCheckpointProcessCheckpoint(int pid, CUcheckpointCheckpointAr
 		goto out;
 	}
 checkpointed:
+	ckpt_delay();
 	if (!move_state(p, CU_PROCESS_STATE_LOCKED, CU_PROCESS_STATE_CHECKPOINTED))
 		rc = CUDA_ERROR_ILLEGAL_STATE;
 out:
@@ -393,6 +410,8 @@ CUresult CUDAAPI cuCheckpointProcessRestore(int pid, CUcheckpointRestoreArgs *ar
 	if (rc != CUDA_SUCCESS)
 		return rc;
 	rc = restore_thread_call(p, __func__);
+	if (rc == CUDA_SUCCESS && __atomic_load_n(&p->state, __ATOMIC_SEQ_CST) == CU_PROCESS_STATE_CHECKPOINTED)
+		ckpt_delay();
 	if (rc == CUDA_SUCCESS && !move_state(p, CU_PROCESS_STATE_CHECKPOINTED, CU_PROCESS_STATE_LOCKED))
 		rc = CUDA_ERROR_ILLEGAL_STATE;
 	munmap(p, FK_PAGE_SIZE);

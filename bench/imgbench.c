@@ -30,6 +30,11 @@ void dump_proc_gone(struct daemon *d, struct proc *p)
 	(void)p;
 }
 
+void dump_shim_detached(struct proc *p)
+{
+	(void)p;
+}
+
 static double now(void)
 {
 	struct timespec ts;

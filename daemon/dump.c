@@ -112,6 +112,8 @@ struct dump_op {
 	int gone;                   /* the process went away mid-dump */
 	struct concurrent *cc;      /* a concurrent dump, or NULL */
 	struct write_hold *hold;    /* its image write waits for the driver, or NULL */
+	int answer_at_detach;       /* released: the requester is answered once the shim has gone */
+	int finish_at_detach;       /* done before that: finished then */
 };
 
 static void answer_requester(struct dump_op *op)
@@ -202,6 +204,10 @@ static void op_free(struct dump_op *op)
 /* Ends the dump: answers everyone, frees the op. */
 static void op_finish(struct dump_op *op)
 {
+	if (op->answer_at_detach && op->p && op->p->dump == op) {
+		op->finish_at_detach = 1; /* dump_shim_detached() finishes it */
+		return;
+	}
 	answer_requester(op);
 	answer_waiters(op);
 	op_free(op);
@@ -397,6 +403,19 @@ static void on_cc_async(uv_async_t *h)
 		conn_put(w);
 	}
 	flush_saved(op);
+}
+
+void dump_shim_detached(struct proc *p)
+{
+	struct dump_op *op = p->dump;
+
+	if (op && op->answer_at_detach) {
+		op->answer_at_detach = 0;
+		if (op->finish_at_detach)
+			op_finish(op);
+		else
+			answer_requester(op);
+	}
 }
 
 int dump_remap_now(struct proc *p)
@@ -734,7 +753,14 @@ static void on_release_reply(struct conn *c, Gpucr__Msg *rep, int *fds, unsigned
 	p->state = GPUCR__PROC_STATE__PROC_RELEASED;
 	pr_info("pid %d (%s): released %llu MiB of GPU memory to gpucrd after %.1f ms", (int)op->pid,
 		p->comm, (unsigned long long)(p->bytes >> 20), (op->t_released - op->t_start) / 1e6);
-	answer_requester(op);
+	/* The shim closes its connection right after this reply. The requester
+	 * (CRIU's plugin) goes on to dump the process's files: answered before
+	 * the close, CRIU can still find the socket there and refuse the dump
+	 * ("External socket is used"). So it is answered once the shim is gone. */
+	if (p->shim == c && conn_is_open(c))
+		op->answer_at_detach = 1;
+	else
+		answer_requester(op);
 	op->phase = PH_WRITING;
 	p->busy++;
 	if (daemon_queue_work(op->d, write_work, write_done, op) < 0) {

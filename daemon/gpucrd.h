@@ -108,6 +108,9 @@ int daemon_queue_work(struct daemon *d, void (*fn)(void *), void (*done)(void *,
 int dump_start(struct daemon *d, struct conn *c, const Gpucr__Msg *req, int dirfd);
 int dump_wait(struct daemon *d, struct conn *c, const Gpucr__Msg *req);
 void dump_proc_gone(struct daemon *d, struct proc *p);
+/* A released process's shim closed its connection: the dump's requester
+ * may go on (dump.c). */
+void dump_shim_detached(struct proc *p);
 /* Concurrent checkpoints: may the process map its memory back now (its
  * dump is concurrent and the fingerprints at T are taken)? */
 int dump_remap_now(struct proc *p);

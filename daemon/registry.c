@@ -127,6 +127,7 @@ void registry_detach(struct daemon *d, struct proc *p)
 	    p->state == GPUCR__PROC_STATE__PROC_RESTORING) {
 		pr_info("pid %d (%s): detached; keeping %llu bytes of GPU memory for its restore",
 			(int)p->pid, p->comm, (unsigned long long)p->bytes);
+		dump_shim_detached(p);
 		return;
 	}
 	if (p->dump)

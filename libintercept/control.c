@@ -1001,7 +1001,11 @@ static void serve(void)
 			return;
 		}
 		if (!handle(m, fds, nfds)) {
+			const char *fi = getenv("GPUCR_FI_RELEASE_CLOSE_MS"); /* tests: a slow close */
+
 			msg_free(m);
+			if (fi && atoi(fi) > 0)
+				usleep((useconds_t)atoi(fi) * 1000);
 			disconnect(); /* released: CRIU cannot dump a connected socket */
 			return;
 		}

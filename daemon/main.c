@@ -244,13 +244,14 @@ int main(int argc, char **argv)
 
 	pr_info("gpucrd %s listening on %s (pid %d)", GPUCR_VERSION, d->socket_path, (int)getpid());
 	notify_ready("listening");
-	if (!lazy_gpu) {
-		pthread_t th;
+	pthread_t warm_th;
+	int warming = !lazy_gpu && pthread_create(&warm_th, NULL, warm_up, NULL) == 0;
 
-		if (pthread_create(&th, NULL, warm_up, NULL) == 0)
-			pthread_detach(th);
-	}
 	uv_run(d->loop, UV_RUN_DEFAULT);
+	/* A daemon stopped right after its start waits for the warm-up to end
+	 * (under a second), rather than exit under the driver's feet. */
+	if (warming)
+		pthread_join(warm_th, NULL);
 
 	registry_free_all(d);
 	close(d->listen_fd);

@@ -49,6 +49,7 @@ struct ceil_arg {
 	struct rbuf *b;
 	uint64_t bytes;
 	int err;
+	pthread_barrier_t *go; /* set-up (pinning, streams, files) stays out of the timing */
 };
 
 static void *ceil_d2h(void *a_)
@@ -62,8 +63,10 @@ static void *ceil_d2h(void *a_)
 
 	if (gpu_use(a->b->mem.dev) < 0 || gpu_host_alloc(piece, &h) < 0 || drv->cuStreamCreate(&st, CU_STREAM_NON_BLOCKING)) {
 		a->err = 1;
+		pthread_barrier_wait(a->go);
 		return NULL;
 	}
+	pthread_barrier_wait(a->go);
 	for (off = (uint64_t)a->idx * piece; off + piece <= a->b->phys_size; off += (uint64_t)a->nth * piece) {
 		drv->cuMemcpyDtoHAsync(h, a->b->mem.va + off, piece, st);
 		drv->cuStreamSynchronize(st);
@@ -87,9 +90,11 @@ static void *ceil_write(void *a_)
 	if (fd < 0 || !h) {
 		a->err = 1;
 		free(h);
+		pthread_barrier_wait(a->go);
 		return NULL;
 	}
 	memset(h, 0x5a, piece);
+	pthread_barrier_wait(a->go);
 	for (off = 0; off < a->bytes; off += piece)
 		if (pwrite(fd, h, piece, (off_t)off) != (ssize_t)piece) {
 			a->err = 1;
@@ -106,6 +111,7 @@ static void ceilings(struct rbuf *b, int dirfd, uint64_t total)
 	int nth = 16, i;
 	pthread_t th[64];
 	struct ceil_arg a[64];
+	pthread_barrier_t go;
 	uint64_t bytes = 0;
 	double t0, t1;
 
@@ -114,11 +120,13 @@ static void ceilings(struct rbuf *b, int dirfd, uint64_t total)
 	if (nth < 1 || nth > 64)
 		nth = 16;
 	memset(a, 0, sizeof(a));
-	t0 = now();
+	pthread_barrier_init(&go, NULL, (unsigned)nth + 1);
 	for (i = 0; i < nth; i++) {
-		a[i] = (struct ceil_arg){ .idx = i, .nth = nth, .b = b };
+		a[i] = (struct ceil_arg){ .idx = i, .nth = nth, .b = b, .go = &go };
 		pthread_create(&th[i], NULL, ceil_d2h, &a[i]);
 	}
+	pthread_barrier_wait(&go);
+	t0 = now();
 	for (i = 0; i < nth; i++) {
 		pthread_join(th[i], NULL);
 		bytes += a[i].bytes;
@@ -126,14 +134,18 @@ static void ceilings(struct rbuf *b, int dirfd, uint64_t total)
 	t1 = now();
 	printf("ceiling       GPU -> pinned memory, %d threads, no file: %.2f GiB in %.3f s: %.1f GB/s\n", nth,
 	       bytes / 1073741824.0, t1 - t0, bytes / (t1 - t0) / 1e9);
-	t0 = now();
+	pthread_barrier_destroy(&go);
+	pthread_barrier_init(&go, NULL, (unsigned)nth + 1);
 	for (i = 0; i < nth; i++) {
-		a[i] = (struct ceil_arg){ .idx = i, .nth = nth, .dirfd = dirfd, .bytes = total / (uint64_t)nth };
+		a[i] = (struct ceil_arg){ .idx = i, .nth = nth, .dirfd = dirfd, .bytes = total / (uint64_t)nth, .go = &go };
 		pthread_create(&th[i], NULL, ceil_write, &a[i]);
 	}
+	pthread_barrier_wait(&go);
+	t0 = now();
 	for (i = 0; i < nth; i++)
 		pthread_join(th[i], NULL);
 	t1 = now();
+	pthread_barrier_destroy(&go);
 	printf("ceiling       memory -> %d files, pwrite, no GPU: %.2f GiB in %.3f s: %.1f GB/s\n", nth,
 	       total / 1073741824.0, t1 - t0, total / (t1 - t0) / 1e9);
 }

@@ -240,9 +240,11 @@ static int wait_images(const char *dir, double t0)
 		double t = now(), rate = (t - start) > 0 ? done / (t - start) : 0;
 
 		if (total && (tty || t - last >= 2.0)) {
-			fprintf(stderr, "%sgpucr dump: writing %d GPU image(s): %.1f of %.1f GiB, %.1f GB/s, %.0f s left%s",
-				tty ? "\r" : "", writing, done / 1073741824.0, total / 1073741824.0, rate / 1e9,
-				rate > 0 ? (total - done) / rate : 0.0, tty ? "   " : "\n");
+			double unit = total < (1ull << 30) ? 1048576.0 : 1073741824.0;
+
+			fprintf(stderr, "%sgpucr dump: writing %d GPU image(s): %.1f of %.1f %s, %.1f GB/s, %.0f s left%s",
+				tty ? "\r" : "", writing, done / unit, total / unit, unit < 1e9 ? "MiB" : "GiB",
+				rate / 1e9, rate > 0 ? (total - done) / rate : 0.0, tty ? "   " : "\n");
 			last = t;
 			shown = 1;
 		}

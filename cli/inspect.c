@@ -138,8 +138,8 @@ static void print_human(const struct gpucr_image *img, const char *dir)
 	       cli_bytes(b3, sizeof(b3), t.zero), t.chunks,
 	       cli_bytes((char[32]){ 0 }, 32, h->has_chunk_size ? h->chunk_size : 0));
 	if (h->has_escaped && h->escaped)
-		printf("  a GPU write of this process escaped prediction in a concurrent checkpoint: its later "
-		       "checkpoints do not run it while its memory is saved unless copied on the GPU\n");
+		printf("  a GPU write of this process escaped prediction in a concurrent checkpoint: in its later "
+		       "ones the functions it launched then wait until its memory is saved\n");
 	if (img->nbuffers)
 		printf("  %-18s %12s  %-8s %7s\n", "ADDRESS", "SIZE", "KIND", "CHUNKS");
 	for (i = 0; i < img->nbuffers; i++) {

@@ -15,7 +15,13 @@
  * its shim until gpucrd says the chunk is saved (ChunksSaved); the chunks
  * they wait for are saved first (ChunksWanted); every chunk saved is checked
  * against its fingerprint at T, and a mismatch (a write that escaped
- * prediction) fails the image with -ESTALE.
+ * prediction) fails the image with -ESTALE. The shim is then asked for the
+ * suspects (ChunksSaved{all, escaped} -> Suspects: the functions it let
+ * run in the epoch), which the failure names; it holds their launches in
+ * every later epoch until everything is saved, so the process's later
+ * checkpoints run it again as before (the process stays marked as escaped,
+ * in its images too). Only when the shim could not remember them all does
+ * such a process run early only with a copy made on the GPU.
  *
  * GPUCR_WRITE_AFTER_DRIVER=1 holds the image's device->host write of a dump
  * that nothing waits for (DumpRequest.image_background) back until the
@@ -114,6 +120,7 @@ struct dump_op {
 	struct write_hold *hold;    /* its image write waits for the driver, or NULL */
 	int answer_at_detach;       /* released: the requester is answered once the shim has gone */
 	int finish_at_detach;       /* done before that: finished then */
+	int asked;                  /* ChunksSaved{all, escaped} sent: the epoch is over */
 };
 
 static void answer_requester(struct dump_op *op)
@@ -247,6 +254,17 @@ static void fail_early(struct dump_op *op, int err, const char *fmt, ...)
 }
 
 /* ---- concurrent dumps --------------------------------------------------- */
+
+/* A name from the shim, fit for one line of the log: at most len - 1
+ * bytes, control bytes as '?'. */
+static void clean_name(char *dst, size_t len, const char *src)
+{
+	size_t i;
+
+	for (i = 0; src && src[i] && i + 1 < len; i++)
+		dst[i] = (unsigned char)src[i] < 0x20 || src[i] == 0x7f ? '?' : src[i];
+	dst[i] = 0;
+}
 
 static int range_push(struct range **v, size_t *n, size_t *cap, uint64_t va, uint64_t len)
 {
@@ -484,6 +502,14 @@ int dump_chunks_wanted(struct proc *p, struct conn *c, const Gpucr__Msg *req)
 			range_push(&cc->wanted, &cc->nwanted, &cc->capwanted, cw->ranges[i]->va, cw->ranges[i]->len);
 		pthread_mutex_unlock(&cc->lock);
 	}
+	for (i = 0; i < cw->n_held; i++) {
+		char name[96];
+
+		clean_name(name, sizeof(name), cw->held[i]);
+		pr_info("pid %d: %s launched during a save epoch: held until the epoch is saved "
+			"(it escaped prediction before)",
+			(int)p->pid, name);
+	}
 	return conn_reply(c, id, NULL, NULL, 0);
 }
 
@@ -504,11 +530,8 @@ static int cc_start(struct dump_op *op)
 	cc->hooks.saved = hook_saved;
 	cc->hooks.wanted = hook_wanted;
 	cc->hooks.copied = hook_copied;
+	/* Decided again at the quiesce, from what the shim holds. */
 	cc->gated_ok = !op->p->escaped;
-	if (op->p->escaped)
-		pr_info("pid %d (%s): a GPU write escaped prediction in an earlier checkpoint: this one lets it run "
-			"early only with a copy of its memory made on the GPU",
-			(int)op->p->pid, op->p->comm);
 	op->cc = cc;
 	op->st.hooks = &cc->hooks;
 	return 0;
@@ -671,21 +694,102 @@ static void write_work(void *data)
 	op->err = imgio_write(op->p, op->dirfd, &op->st, op->msg, sizeof(op->msg));
 }
 
+/* Appends the suspects to op->msg: "; suspects: a, b and N more
+ * (functions launched since the cut)", as many names as fit. */
+static void append_suspects(struct dump_op *op, const Gpucr__Suspects *su)
+{
+	size_t len = strlen(op->msg), cap = sizeof(op->msg), i, shown = 0;
+	uint64_t total = su->n_names + (su->has_more ? su->more : 0);
+	char name[96], tail[96];
+
+	if (!total) {
+		snprintf(op->msg + len, cap - len,
+			 "; no function was launched early in the epoch: the write came from elsewhere");
+		return;
+	}
+	len += (size_t)snprintf(op->msg + len, cap - len, "; suspects: ");
+	for (i = 0; i < su->n_names && len < cap; i++) {
+		clean_name(name, sizeof(name), su->names[i]);
+		/* Room kept for the longest tail. */
+		if (len + strlen(name) + 2 + 110 >= cap)
+			break;
+		len += (size_t)snprintf(op->msg + len, cap - len, "%s%s", i ? ", " : "", name);
+		shown++;
+	}
+	if (total > shown)
+		snprintf(tail, sizeof(tail), " and %llu more", (unsigned long long)(total - shown));
+	else
+		tail[0] = 0;
+	snprintf(op->msg + len, cap - len, "%s (function%s launched since the cut)%s", tail, total > 1 ? "s" : "",
+		 su->has_incomplete && su->incomplete ? "; not all of them could be remembered" : "");
+}
+
+static void write_finish(struct dump_op *op);
+
+static void on_suspects(struct conn *c, Gpucr__Msg *rep, int *fds, unsigned nfds, void *data)
+{
+	struct dump_op *op = data;
+
+	(void)c;
+	(void)fds;
+	(void)nfds;
+	if (rep && !rep->err && rep->body_case == GPUCR__MSG__BODY_SUSPECTS)
+		append_suspects(op, rep->suspects);
+	else
+		snprintf(op->msg + strlen(op->msg), sizeof(op->msg) - strlen(op->msg),
+			 "; the process did not name the functions it launched since the cut%s",
+			 rep ? "" : " (its connection closed)");
+	write_finish(op);
+}
+
+/* A write escaped prediction: the epoch ends and the shim names (and from
+ * now on holds) the functions it let run in it. 0 when asked (on_suspects
+ * finishes the dump). */
+static int ask_suspects(struct dump_op *op)
+{
+	struct proc *p = op->p;
+	Gpucr__Msg m = GPUCR__MSG__INIT;
+	Gpucr__ChunksSaved cs = GPUCR__CHUNKS_SAVED__INIT;
+
+	if (!p->shim || !p->save_epoch)
+		return -ENOENT;
+	cs.has_all = cs.all = 1;
+	cs.has_escaped = cs.escaped = 1;
+	m.body_case = GPUCR__MSG__BODY_CHUNKS_SAVED;
+	m.chunks_saved = &cs;
+	/* p->save_epoch stays: a Resume answer still on its way comes first
+	 * (one connection, in order) and is handled as usual. */
+	if (conn_request(p->shim, &m, NULL, 0, on_suspects, op) < 0)
+		return -ECONNRESET;
+	op->asked = 1;
+	return 0;
+}
+
 static void write_done(void *data, int status)
 {
 	struct dump_op *op = data;
+
+	(void)status;
+	op->phase = PH_DONE;
+	/* The proc stays busy until write_finish. */
+	if (op->cc && op->err == -ESTALE && ask_suspects(op) == 0)
+		return;
+	write_finish(op);
+}
+
+static void write_finish(struct dump_op *op)
+{
 	struct proc *p = op->p;
 	struct conn *waiting;
 	struct daemon *op_d;
 
-	(void)status;
 	/* The proc cannot go away while busy: drop refuses, and a released
 	 * process's disconnect keeps it. */
 	p->busy--;
 	if (op->err) {
 		pr_err("pid %d: the GPU image was not written: %s", (int)op->pid, op->msg);
 		p->dump_err = op->err;
-		snprintf(p->dump_msg, sizeof(p->dump_msg), "%.500s", op->msg);
+		snprintf(p->dump_msg, sizeof(p->dump_msg), "%s", op->msg);
 	} else {
 		pr_info("pid %d (%s): GPU image written: %llu MiB of %llu MiB stored in %.2f s (%.1f GB/s)%s",
 			(int)op->pid, p->comm, (unsigned long long)(op->st.stored >> 20),
@@ -697,12 +801,13 @@ static void write_done(void *data, int status)
 		p->image_done = 1;
 		p->t_dumped = now_ns();
 	}
-	op->phase = PH_DONE;
 	if (op->cc) {
 		/* The epoch is over, saved or not: no call may wait any longer. */
 		if (p->save_epoch) {
-			flush_saved(op);
-			send_saved(p, NULL, 0, 1);
+			if (!op->asked) {
+				flush_saved(op);
+				send_saved(p, NULL, 0, 1);
+			}
 			p->save_epoch = 0;
 		}
 		if (op->cc->resume_at_end)
@@ -816,6 +921,30 @@ static void takeover_done(void *data, int status)
 		fail_early(op, r, "pid %d: cannot ask for release: %s", (int)op->pid, strerror(-r));
 }
 
+/* A process a write escaped prediction from before: it may run in a save
+ * epoch again when its shim holds the suspects' launches there (and could
+ * remember every one); else only with a copy made on the GPU at T. */
+static void decide_gated(struct dump_op *op, const Gpucr__ShimStats *st)
+{
+	struct proc *p = op->p;
+
+	if (st && st->has_unpredictable && st->unpredictable && !(st->has_unpredictable_lost && st->unpredictable_lost)) {
+		op->cc->gated_ok = 1;
+		pr_info("pid %d (%s): a GPU write escaped prediction in an earlier checkpoint: this one runs it "
+			"while its memory is saved, holding the launches of its %u suspect function(s) until "
+			"everything is saved",
+			(int)p->pid, p->comm, st->unpredictable);
+		return;
+	}
+	op->cc->gated_ok = 0;
+	pr_info("pid %d (%s): a GPU write escaped prediction in an earlier checkpoint%s: this one lets it run "
+		"early only with a copy of its memory made on the GPU",
+		(int)p->pid, p->comm,
+		st && st->has_unpredictable_lost && st->unpredictable_lost
+			? " and not every suspect function could be remembered"
+			: " (its shim holds no suspect functions)");
+}
+
 static void on_quiesce_reply(struct conn *c, Gpucr__Msg *rep, int *fds, unsigned nfds, void *data)
 {
 	struct dump_op *op = data;
@@ -839,6 +968,8 @@ static void on_quiesce_reply(struct conn *c, Gpucr__Msg *rep, int *fds, unsigned
 		return;
 	}
 	op->p->state = GPUCR__PROC_STATE__PROC_QUIESCED;
+	if (op->cc && op->p->escaped)
+		decide_gated(op, rep->body_case == GPUCR__MSG__BODY_SHIM_STATS ? rep->shim_stats : NULL);
 	op->phase = PH_TAKEOVER;
 	op->p->busy++;
 	if (daemon_queue_work(op->d, takeover_work, takeover_done, op) < 0) {

@@ -64,7 +64,7 @@ struct proc {
 	int dump_woken;             /* the plugin's Wake came during this dump: CRIU is done */
 	int dump_err;               /* how its last dump's image failed (0: it did not) */
 	int escaped;                /* a write escaped prediction in one of its save epochs */
-	char dump_msg[512];
+	char dump_msg[1024];
 	struct proc *next;
 };
 

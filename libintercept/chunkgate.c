@@ -14,6 +14,7 @@
 #include "buftab.h"
 #include "chunkgate.h"
 #include "gate.h"
+#include "suspect.h"
 
 int chunk_gate_open;
 
@@ -38,6 +39,7 @@ struct cg_waiter {
 	struct cg_waiter *prev, *next;
 	uint32_t released;
 	bool whole;                /* waits for every chunk */
+	bool ended;                /* released by the epoch's end, not by its chunks */
 	size_t n, cap;
 	struct cg_span *s;         /* inline_s, or heap memory */
 	struct cg_span inline_s[CHUNK_GATE_WAIT_INLINE];
@@ -248,14 +250,18 @@ static void queue_push(uint64_t id, CUdeviceptr base, uint32_t first, uint32_t n
 
 /* Called under cg.lock with an epoch open and w's spans found: returns at
  * once when w needs nothing, else queues its requests and waits until it
- * is released. Unlocks cg.lock either way. */
-static void settle(struct cg_waiter *w)
+ * is released. Unlocks cg.lock either way. Returns whether the call goes
+ * while the epoch is open and some chunk of it is not done yet (its work
+ * could change a chunk before it is saved: suspect.h). */
+static bool settle(struct cg_waiter *w)
 {
 	uint64_t t0, t1 = 0;
 	uint64_t one = 1;
+	bool early;
 
 	cg.st.calls_checked++;
 	if (w->whole ? cg.ndone == cg.nchunks : w->n == 0) {
+		early = cg.ndone < cg.nchunks;
 		pthread_mutex_unlock(&cg.lock);
 		goto out;
 	}
@@ -287,9 +293,12 @@ static void settle(struct cg_waiter *w)
 	cg.st.waiting--;
 	cg.st.wait_ns += t1 - t0;
 	pthread_mutex_unlock(&cg.lock);
+	/* A whole waiter goes once everything is done. */
+	early = !w->whole && !w->ended;
 out:
 	if (w->s != w->inline_s)
 		free(w->s);
+	return early;
 }
 
 /* ---- the checks the wrappers make ------------------------------------------- */
@@ -307,15 +316,29 @@ static bool check_begin(void)
 	return true;
 }
 
+/* Whether a launch of h (a function or a graph) in this epoch waits for
+ * all of it because it escaped prediction before (suspect.h). Under
+ * cg.lock. */
+static bool hold_suspect(enum suspect_kind kind, const void *h)
+{
+	if (cg.kind != CHUNK_GATE_SAVE || !suspect_hold(kind, h, cg.ndone < cg.nchunks))
+		return false;
+	pr_debug("thread %d: %s %p escaped prediction before: held until the epoch is saved\n", (int)gettid(),
+		 kind == SUSPECT_GRAPH ? "graph" : "function", h);
+	return true;
+}
+
 void chunk_gate_launch(const struct launch_decoded *d)
 {
 	struct cg_waiter w;
 	int saved = errno;
+	bool save;
 
 	if (!check_begin())
 		return;
+	save = cg.kind == CHUNK_GATE_SAVE;
 	waiter_init(&w);
-	w.whole = (d->flags & LAUNCH_F_UNKNOWN) != 0;
+	w.whole = (d->flags & LAUNCH_F_UNKNOWN) != 0 || hold_suspect(SUSPECT_FUNC, d->func);
 	/* A launch reads and writes whole buffers (launch.h): every chunk. */
 	for (unsigned int i = 0; i < d->ntouch && !w.whole; i++) {
 		long idx = find_buf(d->touch[i].buf_id);
@@ -323,7 +346,9 @@ void chunk_gate_launch(const struct launch_decoded *d)
 		if (idx >= 0)
 			span_add(&w, (uint32_t)idx, 0, cg.bufs[idx].nchunks);
 	}
-	settle(&w);
+	/* Noted before the driver sees it (suspect.h). */
+	if (settle(&w) && save)
+		suspect_note(SUSPECT_FUNC, d->func);
 	errno = saved;
 }
 
@@ -337,22 +362,37 @@ static int range_spans(const struct buf *b, size_t lo, size_t hi, void *arg)
 	return w->whole;
 }
 
-void chunk_gate_ranges(const struct dag_range *r, size_t n, bool unbounded)
+/* The ranges' check; exec: a graph launch's (its standing as a suspect
+ * counts), or NULL. */
+static void gate_ranges(const struct dag_range *r, size_t n, bool unbounded, CUgraphExec exec)
 {
 	uint32_t need;
 	struct cg_waiter w;
 	int saved = errno;
+	bool save;
 
 	if (!check_begin())
 		return;
-	need = cg.kind == CHUNK_GATE_SAVE ? DAG_ACCESS_WRITE : DAG_ACCESS_READ | DAG_ACCESS_WRITE;
+	save = cg.kind == CHUNK_GATE_SAVE;
+	need = save ? DAG_ACCESS_WRITE : DAG_ACCESS_READ | DAG_ACCESS_WRITE;
 	waiter_init(&w);
-	w.whole = unbounded;
+	w.whole = unbounded || (exec && hold_suspect(SUSPECT_GRAPH, exec));
 	for (size_t i = 0; i < n && !w.whole; i++)
 		if (r[i].access & need)
 			dag_range_for_each_buf(&r[i], range_spans, &w);
-	settle(&w);
+	if (settle(&w) && save && exec)
+		suspect_note(SUSPECT_GRAPH, exec);
 	errno = saved;
+}
+
+void chunk_gate_ranges(const struct dag_range *r, size_t n, bool unbounded)
+{
+	gate_ranges(r, n, unbounded, NULL);
+}
+
+void chunk_gate_graph(CUgraphExec exec, const struct dag_range *r, size_t n, bool unbounded)
+{
+	gate_ranges(r, n, unbounded, exec);
 }
 
 /* ---- the epoch ------------------------------------------------------------------ */
@@ -551,8 +591,10 @@ int chunk_gate_finish(void)
 		return -EINVAL;
 	}
 	cg.ndone += set_done(0, cg.nchunks);
-	while (cg.waiters)
+	while (cg.waiters) {
+		cg.waiters->ended = true;
 		waiter_release(cg.waiters);
+	}
 	__atomic_store_n(&chunk_gate_open, 0, __ATOMIC_RELEASE);
 	pthread_mutex_unlock(&cg.lock);
 	launch_decode_release();

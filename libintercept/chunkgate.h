@@ -24,7 +24,10 @@
  *    and blocks on a futex until chunk_gate_mark_done() has marked all of
  *    them done. A call whose access cannot be bounded (an undecodable
  *    launch, an unbounded or untracked graph, an undecoded copy) waits until
- *    every chunk is done or the epoch finishes;
+ *    every chunk is done or the epoch finishes. So does, in a save epoch, a
+ *    launch of a function (or graph) that escaped prediction in an earlier
+ *    one (suspect.h); the launches that go while chunks are still pending
+ *    are noted there as the epoch's suspects;
  *  - chunk_gate_finish() ends it: everything counts as done and every
  *    waiter is released. The state and stats stay readable until the next
  *    begin.
@@ -150,6 +153,9 @@ void chunk_gate_launch(const struct launch_decoded *d) SHIM_HIDDEN;
 /* The same for ranges with their access (DAG_ACCESS_*, DAG_RANGE_WHOLE as
  * in dag.h); unbounded: the call may touch anything. */
 void chunk_gate_ranges(const struct dag_range *r, size_t n, bool unbounded) SHIM_HIDDEN;
+
+/* The same for a launch of graph exec, whose ranges these are. */
+void chunk_gate_graph(CUgraphExec exec, const struct dag_range *r, size_t n, bool unbounded) SHIM_HIDDEN;
 
 /* In a forked child: no epoch (the parent's waiters are not here). */
 void chunk_gate_reset_after_fork(void) SHIM_HIDDEN;

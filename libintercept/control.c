@@ -59,6 +59,7 @@
 #include "msg.h"
 #include "real.h"
 #include "sock.h"
+#include "suspect.h"
 #include "vmm.h"
 
 #define CTL_RETRY_MS 2000          /* connect attempts without a daemon */
@@ -492,6 +493,7 @@ static void fill_stats(Gpucr__ShimStats *st)
 {
 	struct usage vmm = usage_of(BUF_VMM), sub = usage_of(BUF_SUB), drv = usage_of(BUF_DRIVER),
 		     man = usage_of(BUF_MANAGED);
+	struct suspect_stats sus;
 
 	st->has_buffers = true;
 	st->buffers = vmm.n + sub.n;
@@ -503,6 +505,11 @@ static void fill_stats(Gpucr__ShimStats *st)
 	st->managed_bytes = man.bytes;
 	st->has_launches = true;
 	st->launches = shim_count_read(SHIM_COUNT_KERNELS);
+	suspect_get_stats(&sus);
+	st->has_unpredictable = true;
+	st->unpredictable = sus.unpredictable;
+	st->has_unpredictable_lost = true;
+	st->unpredictable_lost = sus.lost;
 }
 
 static void do_quiesce(uint64_t id, const Gpucr__Quiesce *q)
@@ -739,10 +746,43 @@ static void do_resume(uint64_t id, const Gpucr__Resume *rs)
 	reply(id, 0, NULL, NULL);
 }
 
+/* ChunksSaved{all, escaped}: the epoch failed; the launches it let go are
+ * the suspects, held in every later epoch, and named in the answer. */
+static void do_escaped(uint64_t id)
+{
+	static struct suspect_report rep; /* the control thread's only */
+	Gpucr__Suspects su = GPUCR__SUSPECTS__INIT;
+	Gpucr__Msg m = GPUCR__MSG__INIT;
+	char *names[SUSPECT_REPORT_MAX];
+	size_t n = epoch_escaped(&rep);
+
+	for (size_t i = 0; i < rep.n; i++)
+		names[i] = rep.name[i];
+	su.n_names = rep.n;
+	su.names = names;
+	su.has_more = rep.more != 0;
+	su.more = rep.more;
+	su.has_incomplete = rep.incomplete;
+	su.incomplete = rep.incomplete;
+	if (n)
+		pr_info("a GPU write escaped prediction in the save epoch: %zu function(s) launched in it "
+			"(%s%s%s%s) wait for the whole of every later one\n",
+			n, rep.name[0], n > 1 ? ", " : "", n > 1 ? rep.name[1] : "", n > 2 ? ", ..." : "");
+	else
+		pr_info("a GPU write escaped prediction in the save epoch, which let no launch go early\n");
+	m.body_case = GPUCR__MSG__BODY_SUSPECTS;
+	m.suspects = &su;
+	reply(id, 0, &m, NULL);
+}
+
 /* Always answered OK: ranges saved outside an epoch are kept for the next
  * one (epoch.h), or are stale (the process runs; the epoch ended). */
 static void do_chunks_saved(uint64_t id, const Gpucr__ChunksSaved *cs)
 {
+	if (cs && cs->has_escaped && cs->escaped) {
+		do_escaped(id);
+		return;
+	}
 	if (cs && (epoch_is_open() || ctl.state != ST_RUNNING))
 		epoch_saved(cs);
 	reply(id, 0, NULL, NULL);
@@ -1059,6 +1099,7 @@ static void control_atfork_child(void)
 	gate_reset_after_fork();
 	chunk_gate_reset_after_fork();
 	epoch_reset_after_fork();
+	suspect_reset_after_fork();
 	if (ctl.sock >= 0)
 		close(ctl.sock);
 	if (ctl.kickfd >= 0)

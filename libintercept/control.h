@@ -11,7 +11,10 @@
  * calls that would write chunks gpucrd has not saved wait at the per-chunk
  * gate, the thread asks gpucrd for them (ChunksWanted) and lets them go as
  * gpucrd says they are saved (ChunksSaved); a new quiesce or the connection
- * closing ends the epoch and lets every call go. Without a daemon
+ * closing ends the epoch and lets every call go. ChunksSaved{escaped} (a
+ * saved chunk changed: a write escaped prediction) ends it too and is
+ * answered with the Suspects, the functions it let run, which are held in
+ * every later epoch (suspect.h); ShimStats counts them. Without a daemon
  * the application runs as if gpucr were not there, and the thread tries
  * again every 2 s.
  *

@@ -8,6 +8,7 @@
 #include "buftab.h"
 #include "chunkgate.h"
 #include "epoch.h"
+#include "suspect.h"
 
 struct iv {
 	uint64_t lo, hi; /* [lo, hi), hi > lo */
@@ -26,6 +27,9 @@ static struct {
 	struct chunk_gate_req *reqs;
 	Gpucr__ChunkRange *ranges;
 	Gpucr__ChunkRange **pranges;
+	/* ChunksWanted's held names. */
+	char held[SUSPECT_HELD_MAX][SUSPECT_NAME_MAX];
+	char *pheld[SUSPECT_HELD_MAX];
 } ep;
 
 /* ---- the interval set ---------------------------------------------------- */
@@ -143,6 +147,7 @@ void epoch_end(const char *why)
 	if (!ep.open)
 		return;
 	ep.open = false;
+	suspect_epoch_end();
 	chunk_gate_finish();
 	chunk_gate_get_stats(&st);
 	/* Not the time they waited: the ones just released add theirs later. */
@@ -157,6 +162,7 @@ void epoch_cut(void)
 	epoch_end("a new quiesce");
 	iv_forget();
 	ep.all_saved = false;
+	suspect_cut();
 }
 
 int epoch_begin(char *what, size_t whatlen)
@@ -183,6 +189,9 @@ int epoch_begin(char *what, size_t whatlen)
 		return err;
 	}
 	chunk_gate_get_stats(&st);
+	/* Nothing launches before the gate opens (control.c), so no launch of
+	 * the epoch goes unnoted. */
+	suspect_epoch_begin();
 	ep.open = true;
 	ep.chunk = st.chunk_size;
 	ep.dropped_seen = 0;
@@ -192,6 +201,14 @@ int epoch_begin(char *what, size_t whatlen)
 	pr_info("save epoch begun: %u buffers, %llu chunks of %zu bytes, %llu saved already\n", st.bufs,
 		(unsigned long long)st.chunks, st.chunk_size, (unsigned long long)st.chunks_done);
 	return 0;
+}
+
+size_t epoch_escaped(struct suspect_report *ret)
+{
+	size_t n = suspect_escaped(ret);
+
+	epoch_end("a GPU write escaped prediction");
+	return n;
 }
 
 int epoch_saved(const Gpucr__ChunksSaved *cs)
@@ -239,7 +256,7 @@ static int range_cmp(const void *a, const void *b)
 bool epoch_wanted(Gpucr__ChunksWanted *ret)
 {
 	struct chunk_gate_stats st;
-	size_t n, k = 0;
+	size_t n, k = 0, nheld;
 	bool all = false;
 
 	if (!ep.reqs) {
@@ -265,6 +282,8 @@ bool epoch_wanted(Gpucr__ChunksWanted *ret)
 		}
 	}
 	n = chunk_gate_requests(ep.reqs, CHUNK_GATE_QUEUE);
+	/* Taken after the requests: a held call queues its notice first. */
+	nheld = suspect_take_held(ep.held, SUSPECT_HELD_MAX);
 	if (!ep.open)
 		return false;
 	chunk_gate_get_stats(&st);
@@ -293,7 +312,7 @@ bool epoch_wanted(Gpucr__ChunksWanted *ret)
 		ep.ranges[k].len = end - va;
 		k++;
 	}
-	if (!k && !all)
+	if (!k && !all && !nheld)
 		return false;
 	/* Several calls often wait for the same chunks: one range each. */
 	qsort(ep.ranges, k, sizeof(*ep.ranges), range_cmp);
@@ -318,6 +337,10 @@ bool epoch_wanted(Gpucr__ChunksWanted *ret)
 	ret->ranges = ep.pranges;
 	if (all)
 		ret->has_all = ret->all = true;
+	for (size_t i = 0; i < nheld; i++)
+		ep.pheld[i] = ep.held[i];
+	ret->n_held = nheld;
+	ret->held = ep.pheld;
 	return true;
 }
 

@@ -29,6 +29,7 @@
 
 #include "msg.h"
 #include "shim.h"
+#include "suspect.h"
 
 #define EPOCH_MAX_INTERVALS (1u << 16)
 
@@ -51,6 +52,11 @@ bool epoch_all_saved(void) SHIM_HIDDEN;
  * -errno with what (NUL-terminated) saying why. */
 int epoch_begin(char *what, size_t whatlen) SHIM_HIDDEN;
 
+/* gpucrd found a saved chunk changed since the cut (ChunksSaved.escaped):
+ * every launch the epoch let go becomes unpredictable and *ret names them
+ * (suspect_escaped), then the epoch ends. Returns how many there were. */
+size_t epoch_escaped(struct suspect_report *ret) SHIM_HIDDEN;
+
 /* gpucrd saved these ranges (or all): marks the chunks they complete, or
  * ends the epoch for all. Outside an epoch the ranges are kept for the
  * next one. 0, or -ENOMEM when a range could not be remembered (its chunks
@@ -64,9 +70,10 @@ int epoch_request_fd(void) SHIM_HIDDEN;
 /* Takes every queued request off the gate. Returns true and fills *ret (a
  * ChunksWanted whose ranges stay valid until the next call) when there is
  * something to ask gpucrd for: the ranges the waiting calls need, merged,
- * and all when a call waits for the whole epoch or a request was dropped.
- * false when nothing is wanted, or no epoch is open (requests left over
- * from an epoch that ended are dropped). */
+ * and all when a call waits for the whole epoch or a request was dropped;
+ * held: the unpredictable functions (suspect.h) whose launches began to
+ * wait, once per epoch each. false when nothing is wanted, or no epoch is
+ * open (requests left over from an epoch that ended are dropped). */
 bool epoch_wanted(Gpucr__ChunksWanted *ret) SHIM_HIDDEN;
 
 /* In a forked child: no epoch, nothing saved. */

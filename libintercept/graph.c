@@ -433,7 +433,7 @@ static void gate_launch(CUgraphExec exec)
 		}
 	}
 	pthread_mutex_unlock(&graph_lock);
-	chunk_gate_ranges(r, n, unbounded);
+	chunk_gate_graph(exec, r, n, unbounded);
 	free(r);
 }
 

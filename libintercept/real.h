@@ -74,7 +74,9 @@
 	X(cuGraphKernelNodeGetParams_v2)     \
 	X(cuGraphMemcpyNodeGetParams)        \
 	X(cuGraphMemsetNodeGetParams)        \
-	X(cuGraphChildGraphNodeGetGraph)
+	X(cuGraphChildGraphNodeGetGraph)     \
+	X(cuFuncGetName)                     \
+	X(cuKernelGetName)
 
 struct real_driver {
 	void *handle;     /* dlopen handle; NULL when no driver was found */

@@ -289,11 +289,42 @@ fi
 # at T: the process is then killed and restored from it, and every line it
 # wrote must match the uninterrupted run's. In 11 a kernel writes through a
 # pointer held in device memory, which no decoding predicts: the saved
-# chunk no longer matches its fingerprint at T, the checkpoint is refused
-# and retried with the process stopped, and the final image is correct.
+# chunk no longer matches its fingerprint at T, the checkpoint is refused,
+# naming the functions launched in the epoch, and retried with the process
+# stopped, and the final image is correct; the process's next checkpoint
+# runs it again, holding those functions' launches, and is restored from.
 stop_daemon
 GPUCR_SPARE=0 GPUCR_FI_SLICE_DELAY_MS=300 start_daemon
 "${APP_ENV[@]}" GPUCR_DAEMON=0 FAKE_APP_ESCAPE=1 "$B/tests/e2e-fake-app" "$W/ref-esc" $CK_STEPS 4 || { echo "reference run failed"; exit 1; }
+# Kills a process (SIGKILL) at a moment when none of its threads is inside
+# a call of the test driver: the driver counts the calls in flight in its
+# state file ($W/fakecuda-ckpt-PID, `active` of struct fk_page at offset 16,
+# tests/fakecuda/internal.h), which outlives the process, so one killed
+# inside a call could never be locked for a checkpoint again once restored
+# (the real driver keeps that state in the process's memory).
+cat >"$W/kill-quiet.sh" <<'KQ'
+pid=$1 page=$2/fakecuda-ckpt-$1
+[ -f "$page" ] || { kill -KILL "$pid" 2>/dev/null; exit 0; }
+for _ in $(seq 1 200); do
+	kill -STOP "$pid" 2>/dev/null || exit 0
+	for _ in $(seq 1 100); do
+		all=1
+		for s in /proc/$pid/task/*/stat; do
+			st=$(sed 's/.*) //' "$s" 2>/dev/null | cut -d' ' -f1)
+			case $st in T | t | Z | X | '') ;; *) all=0 ;; esac
+		done
+		[ $all = 1 ] && break
+		sleep 0.002
+	done
+	if [ "$(od -An -t d4 -j 16 -N 4 "$page" 2>/dev/null | tr -d ' ')" = 0 ]; then
+		kill -KILL "$pid"
+		exit 0
+	fi
+	kill -CONT "$pid"
+	sleep 0.00$((RANDOM % 9 + 1))
+done
+kill -KILL "$pid"
+KQ
 conc_case() { # name escape(0|1) reference
 	local name=$1 esc=$2 ref=$3 cpid
 	cat >"$W/$name.sh" <<FLOW
@@ -303,11 +334,14 @@ pid=\$!
 echo \$pid >$W/$name.pid
 for i in \$(seq 1 400); do [ -f $W/$name.out ] && [ \$(wc -l <$W/$name.out) -ge 10 ] && break; sleep 0.02; done
 $B/bin/gpucr dump --pid \$pid -D $W/$name -R >$W/$name.dump.out 2>&1 || exit 10
-kill -9 \$pid; wait \$pid 2>/dev/null
+bash $W/kill-quiet.sh \$pid $W; wait \$pid 2>/dev/null
 $B/bin/gpucr restore -D $W/$name || exit 11
-if [ $esc = 1 ]; then # a second checkpoint of the restored process
+if [ $esc = 1 ]; then # a second checkpoint of the restored process, and a restore from it
 	sleep 0.3
 	$B/bin/gpucr dump --pid \$pid -D $W/$name-2 -R >$W/$name.dump2.out 2>&1 || exit 12
+	bash $W/kill-quiet.sh \$pid $W
+	for i in \$(seq 1 250); do kill -0 \$pid 2>/dev/null || break; sleep 0.02; done
+	$B/bin/gpucr restore -D $W/$name-2 || exit 13
 fi
 for i in \$(seq 1 1500); do grep -q '^done' $W/$name.out 2>/dev/null && break; sleep 0.02; done
 FLOW
@@ -339,15 +373,31 @@ else
 	cat "$W/escape.dump.out" | sed 's/^/    /'
 	grep "pid $epid " "$W/gpucrd.log" | sed 's/^/    gpucrd| /'
 fi
-# The process is remembered: its next checkpoint (no room on the GPU for a
-# copy here) keeps it stopped until its memory is saved, and needs no retry.
-if grep -q "pid $epid (.*): a GPU write escaped prediction in an earlier checkpoint" "$W/gpucrd.log" &&
+# The failure names the suspects: the functions the process launched in the
+# epoch (the kernel that wrote through the pointer among them), in gpucrd's
+# log and in what gpucr dump said.
+if grep -q "pid $epid (.*): buffer 0x.*escaped prediction.*; suspects: .*escape.* (functions\? launched since the cut)" "$W/gpucrd.log" &&
+	grep -q "the GPU image was not written: .*; suspects: .*escape" "$W/escape.dump.out"; then
+	ok "escape: the suspects were named: $(grep -o 'suspects: [^(]*' "$W/escape.dump.out" | head -1)"
+else
+	bad "escape: the suspect functions were not named"
+	grep "pid $epid[ :]" "$W/gpucrd.log" | sed 's/^/    gpucrd| /'
+fi
+# They are remembered in the process (the restored one too): its next
+# checkpoint (no room on the GPU for a copy here) runs it in a save epoch
+# again, holding their launches until its memory is saved; it needs no
+# retry, and the process restored from it finishes as the uninterrupted run
+# did (checked above).
+if awk -v p="pid $epid " 'index($0, p) && /escaped prediction in an earlier checkpoint: this one runs it while its memory is saved/ && !e { e = NR }
+	index($0, p) && /running again while its GPU memory is saved/ && e && NR > e { r = 1 } END { exit !r }' "$W/gpucrd.log" &&
+	grep -q "pid $epid: \(escape\|step\) launched during a save epoch: held until the epoch is saved (it escaped prediction before)" "$W/gpucrd.log" &&
 	! grep -q "retrying" "$W/escape.dump2.out" && "$B/bin/gpucr" inspect --verify "$W/escape-2" >/dev/null &&
 	"$B/bin/gpucr" inspect --json "$W/escape-2" | grep -q '"escaped":true'; then
-	ok "escape: the next checkpoint of the process did not run it in a save epoch, and its image verifies"
+	ok "escape: the next checkpoint ran the process in a save epoch with the suspects held, needed no retry, and its image verifies"
 else
 	bad "escape: the next checkpoint after an escape"
 	cat "$W/escape.dump2.out" 2>/dev/null | sed 's/^/    /'
+	grep "pid $epid[ :]" "$W/gpucrd.log" | tail -12 | sed 's/^/    gpucrd| /'
 fi
 # 12. the same with room on the GPU: the memory is copied device to device
 # at T, so the process waits for nothing and a write through a pointer held

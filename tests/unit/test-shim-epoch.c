@@ -14,7 +14,11 @@
  *    the epoch; so does a new quiesce;
  *  - when the epoch cannot begin (another per-chunk epoch is open), the
  *    resume is answered with the error and the gate stays closed until a
- *    plain resume; Resume{save_epoch} of a running process is refused.
+ *    plain resume; Resume{save_epoch} of a running process is refused;
+ *  - ChunksSaved{all, escaped} ends the epoch and is answered with the
+ *    Suspects, which name the function launched in it; the next quiesce's
+ *    ShimStats counts it as unpredictable, and in the next epoch its
+ *    launch waits for the whole epoch, named once in ChunksWanted.held.
  *
  * Linked with the shim's objects (libintercept.a) to see the gate's state
  * and to make chunk_gate_begin fail; the control thread runs (GPUCR_DAEMON
@@ -47,6 +51,8 @@ static struct {
 	uint64_t va, len;
 } wanted[MAX_WANTED];
 static size_t nwanted, nwanted_msgs, nwanted_all;
+static char held[8][64]; /* ChunksWanted.held */
+static size_t nheld;
 
 static long long now_ms(void)
 {
@@ -141,6 +147,8 @@ static int note(Gpucr__Msg *m)
 	nwanted_msgs++;
 	if (cw->has_all && cw->all)
 		nwanted_all++;
+	for (size_t i = 0; i < cw->n_held && nheld < 8; i++)
+		snprintf(held[nheld++], sizeof(held[0]), "%s", cw->held[i]);
 	for (size_t i = 0; i < cw->n_ranges && nwanted < MAX_WANTED; i++) {
 		wanted[nwanted].va = cw->ranges[i]->va;
 		wanted[nwanted].len = cw->ranges[i]->len;
@@ -162,7 +170,7 @@ static void note_other(struct fdd *fd, Gpucr__Msg *m)
 
 static void forget_wanted(void)
 {
-	nwanted = nwanted_msgs = nwanted_all = 0;
+	nwanted = nwanted_msgs = nwanted_all = nheld = 0;
 }
 
 /* Takes messages for up to ms, or until a ChunksWanted came. */
@@ -407,6 +415,74 @@ static void begin_fails(void)
 	CHECK_EQ_INT(((int *)(uintptr_t)S)[0], 17);
 }
 
+/* A write escaped prediction: the shim names the launch it let go, and
+ * holds that function in the next epoch. */
+static void escaped_suspects(void)
+{
+	Gpucr__ChunksSaved cs = GPUCR__CHUNKS_SAVED__INIT;
+	Gpucr__Msg m = GPUCR__MSG__INIT, *r = NULL;
+	struct job j = { 0 }, j2 = { 0 };
+
+	CHECK_EQ_INT(quiesce(), 0);
+	forget_wanted();
+	CHECK_EQ_INT(resume(true, NULL), 0);
+	start(&j, A, 23); /* waits for A, then goes while B is not saved */
+	CHECK(wait_wanted(5000));
+	CHECK_EQ_INT(nheld, 0);
+	CHECK_EQ_INT(saved(A, 3 * MIB + 5), 0);
+	CHECK(until_done(&j, 5000));
+
+	cs.has_all = cs.all = true;
+	cs.has_escaped = cs.escaped = true;
+	m.body_case = GPUCR__MSG__BODY_CHUNKS_SAVED;
+	m.chunks_saved = &cs;
+	CHECK_EQ_INT(fdd_request(&d, &m, NULL, 0, 10000, &r), 0);
+	CHECK(!chunk_gate_on());
+	REQUIRE(r);
+	CHECK_EQ_INT(r->body_case, GPUCR__MSG__BODY_SUSPECTS);
+	if (r->body_case == GPUCR__MSG__BODY_SUSPECTS) {
+		CHECK_EQ_INT(r->suspects->n_names, 1);
+		if (r->suspects->n_names == 1)
+			CHECK(!strcmp(r->suspects->names[0], "fill"));
+		CHECK(!(r->suspects->has_more && r->suspects->more));
+		CHECK(!(r->suspects->has_incomplete && r->suspects->incomplete));
+	}
+	msg_free(r);
+	r = NULL;
+
+	/* The next cut: fill is held in its epoch. */
+	CHECK_EQ_INT(fdd_quiesce(&d, 5000, &r), 0);
+	REQUIRE(r);
+	CHECK_EQ_INT(r->body_case, GPUCR__MSG__BODY_SHIM_STATS);
+	if (r->body_case == GPUCR__MSG__BODY_SHIM_STATS) {
+		CHECK(r->shim_stats->has_unpredictable);
+		CHECK_EQ_INT(r->shim_stats->unpredictable, 1);
+		CHECK(!r->shim_stats->unpredictable_lost);
+	}
+	msg_free(r);
+	forget_wanted();
+	CHECK_EQ_INT(resume(true, NULL), 0);
+	start(&j, S, 29); /* S alone would not wait for A or B */
+	CHECK(wait_wanted(5000));
+	CHECK(nwanted_all >= 1);
+	CHECK_EQ_INT(nheld, 1);
+	CHECK(!strcmp(held[0], "fill"));
+	start(&j2, S, 31);
+	until_chunk_waiters(2);
+	usleep(100 * 1000);
+	while (wait_wanted(200))
+		;
+	CHECK_EQ_INT(nheld, 1); /* named once per epoch */
+	CHECK_EQ_INT(saved(S, 1000), 0);
+	usleep(200 * 1000);
+	CHECK(!done(&j) && !done(&j2));
+	CHECK_EQ_INT(saved(0, 0), 0);
+	CHECK(until_done(&j, 5000));
+	CHECK(until_done(&j2, 5000));
+	CHECK_EQ_INT(j.r, CUDA_SUCCESS);
+	CHECK_EQ_INT(j2.r, CUDA_SUCCESS);
+}
+
 int main(void)
 {
 	const size_t fill_sizes[] = { sizeof(void *), sizeof(int), sizeof(int) };
@@ -440,6 +516,7 @@ int main(void)
 	drop_releases();
 	quiesce_releases();
 	begin_fails();
+	escaped_suspects();
 
 	CHECK_EQ_INT(cuMemFree_v2(A), CUDA_SUCCESS);
 	CHECK_EQ_INT(cuMemFree_v2(B), CUDA_SUCCESS);

@@ -236,7 +236,7 @@ FLOW
 "$B/tests/e2e-subreaper" bash "$W/cli.sh" >"$W/cli.flow.log" 2>&1
 grep -q "GPU image of pid .* complete" "$W/cli.flow.log" && ok "cli: gpucr dump waited for the GPU image" ||
 	{ bad "cli: no image completion reported"; tail -8 "$W/cli.flow.log" | sed 's/^/    /'; }
-grep -q "writing 1 GPU image(s): .* GiB" "$W/cli.flow.log" && ok "cli: progress shown while the image was written" ||
+grep -Eq "writing 1 GPU image\(s\): [0-9.]+ of [0-9.]+ (MiB|GiB), " "$W/cli.flow.log" && ok "cli: progress shown while the image was written" ||
 	{ bad "cli: no progress line"; tail -8 "$W/cli.flow.log" | sed 's/^/    /'; }
 check_same cli
 # --json: stdout holds one object per command and nothing else.

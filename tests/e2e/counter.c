@@ -14,6 +14,7 @@ int main(int argc, char **argv)
 	uint64_t *state = malloc(n * sizeof(*state)), count = 0, sum, i;
 	long limit = argc > 2 ? atol(argv[2]) : -1;
 	struct timespec ts = { 0, 20 * 1000 * 1000 };
+	char tmp[4096];
 
 	if (argc < 2 || !state)
 		return 2;
@@ -27,10 +28,13 @@ int main(int argc, char **argv)
 			sum += state[i];
 		}
 		count++;
-		f = fopen(argv[1], "w");
+		/* Written aside and renamed: a reader never sees the file empty. */
+		snprintf(tmp, sizeof(tmp), "%s.tmp", argv[1]);
+		f = fopen(tmp, "w");
 		if (f) {
 			fprintf(f, "%llu %llu\n", (unsigned long long)count, (unsigned long long)sum);
-			fclose(f);
+			if (fclose(f) == 0)
+				rename(tmp, argv[1]);
 		}
 		if (limit >= 0 && (long)count >= limit) {
 			free(state);

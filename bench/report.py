@@ -44,7 +44,8 @@ def main():
     md += ["| GiB | system | dump (s) | restore (s) | first step after restore (s) | image (MiB) | results |",
            "|---|---|---|---|---|---|---|"]
     for g in sizes:
-        for sys_ in ("stock", "gpucr", "gpucr-bg", "gpucr-image"):
+        for sys_ in ("stock", "gpucr", "gpucr-bg", "gpucr-image", "gpucr-held", "gpucr-bg-held",
+                     "gpucr-image-held"):
             r = by.get((sys_, "%g" % g)) or by.get((sys_, str(g))) or by.get((sys_, str(int(g))))
             if not r:
                 continue

@@ -49,11 +49,33 @@ over_budget() {
 }
 
 start_gpucrd || { echo "gpucrd did not start"; exit 1; }
+# A system named NAME-held is NAME with gpucrd started with
+# GPUCR_WRITE_AFTER_DRIVER=1 (the image's device->host write held back
+# until the driver is done with the process; off by default until measured):
+# e.g. SIZES=16 SYSTEMS="gpucr-bg gpucr-bg-held" CKPT_SYSTEMS="gpucr gpucr-held".
+# held SYS CYCLE ARGS...: runs the cycle function for SYS.
+held() {
+	local sys=$1 fn=$2 r rc
+	shift 2
+	case $sys in
+	*-held)
+		stop_gpucrd
+		GPUCR_WRITE_AFTER_DRIVER=1 start_gpucrd || { echo "gpucrd did not start"; return 1; }
+		r=$($fn "${sys%-held}" "$@")
+		rc=$?
+		stop_gpucrd
+		start_gpucrd
+		echo "$r"
+		return $rc
+		;;
+	*) $fn "$sys" "$@" ;;
+	esac
+}
 section "cuda-prog sizes"
 for g in ${SIZES:-1 4 16}; do
 	"$B/tests/gpu/cuda-prog" --gib "$g" --steps "$STEPS" --step-ms 50 --out "$WORK/ref-$g.log" || continue
 	for sys in ${SYSTEMS:-stock gpucr gpucr-bg gpucr-image}; do
-		if r=$(cr_cycle_cuda_prog "$sys" "$g" 10 "$WORK/ref-$g.log" "$STEPS"); then
+		if r=$(held "$sys" cr_cycle_cuda_prog "$g" 10 "$WORK/ref-$g.log" "$STEPS"); then
 			set -- $r
 			emit "system=$sys gib=$g ok=1 dump_s=$1 restore_s=$2 first_step_s=$3 image_bytes=$4"
 		else
@@ -95,7 +117,7 @@ for name in ${CKPT_WORKLOADS:-cuda-prog-16}; do
 	over_budget "checkpoints of a running program ($name)" && break
 	$cmd "$WORK/ck-ref-$name.log" >/dev/null 2>&1 || continue
 	for sys in ${CKPT_SYSTEMS:-stock gpucr}; do
-		if r=$(ckpt_cycle "$sys" "$name" 10 "$WORK/ck-ref-$name.log" "$cmd"); then
+		if r=$(held "$sys" ckpt_cycle "$name" 10 "$WORK/ck-ref-$name.log" "$cmd"); then
 			set -- $r
 			emit "ckpt=$name system=$sys ok=1 lost_ms=$1 checkpoint_s=$2 restore_s=$3"
 		else

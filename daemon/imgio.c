@@ -434,6 +434,8 @@ static void *worker_main(void *arg)
 				account(x, prev.len);
 			if (dev_copy_on(x, cur.rn, w->stage[k], cur.off, cur.len, cur.st, 1) < 0)
 				break;
+			if (x->slice_delay_us) /* fault injection for tests: a slow reader */
+				usleep(x->slice_delay_us);
 		}
 		prev = cur;
 		have_prev = 1;
@@ -573,6 +575,8 @@ static int xfer_uring(struct xfer *x)
 			s = &slots[i];
 			if (!x->write && dev_copy(x, s->rn, s->buf, s->off, s->len, i) < 0)
 				break;
+			if (x->slice_delay_us) /* fault injection for tests: a slow disk */
+				usleep(x->slice_delay_us);
 			account(x, s->len);
 			s->busy = 0;
 			continue;
@@ -1248,6 +1252,7 @@ int imgio_read(pid_t pid, int dirfd, struct rbuf **ret_bufs, struct img_stats *s
 	}
 	x.write = 0;
 	x.pid = pid;
+	x.slice_delay_us = (useconds_t)(env_u64("GPUCR_FI_SLICE_DELAY_MS", 0) * 1000);
 	x.what = "loading the GPU image";
 	x.runs = runs;
 	x.nruns = nruns;

@@ -118,6 +118,27 @@ else
 	grep gpucr "$W/daemon-restart/restore.log" | sed 's/^/    /'
 fi
 
+# 3b. The driver's restore of the process's context runs while gpucrd is
+# still loading the image, not after the load: with a slow load (each
+# slice held 1.5 s) and a slow driver restore (0.3 s), the restore is logged
+# done before the load.
+restart_slow_load() {
+	stop_daemon
+	GPUCR_LOG=debug FAKECUDA_CKPT_DELAY_MS=300 GPUCR_FI_SLICE_DELAY_MS=1500 start_daemon
+}
+flow overlap "" restart_slow_load
+check_same overlap
+opid=$(cat "$W/overlap.dumped" 2>/dev/null)
+rl=$(grep -n "pid $opid: driver restore in" "$W/gpucrd.log" | tail -1 | cut -d: -f1)
+ll=$(grep -n "pid $opid: .* loaded from the image" "$W/gpucrd.log" | tail -1 | cut -d: -f1)
+if [ -n "$rl" ] && [ -n "$ll" ] && [ "$rl" -lt "$ll" ]; then
+	ok "overlap: the driver's restore ran while the image was still loading"
+else
+	bad "overlap: the driver's restore did not overlap the load (restore line ${rl:-none}, load line ${ll:-none})"
+	grep -n "pid $opid" "$W/gpucrd.log" | tail -8 | sed 's/^/    /'
+fi
+restart_daemon
+
 # 4. a damaged image is refused, with the reason in CRIU's log.
 flow damaged "" damage_image
 if grep -q "restore failed" "$W/damaged.flow.log" && grep -q "fingerprint mismatch" "$W/damaged/restore.log"; then

@@ -3,6 +3,7 @@
 #ifndef GPUCR_SHIMTEST_H
 #define GPUCR_SHIMTEST_H
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -39,6 +40,40 @@ static inline CUcontext shim_test_start(unsigned int seconds)
 	REQUIRE(cuDevicePrimaryCtxRetain(&ctx, dev) == CUDA_SUCCESS);
 	REQUIRE(cuCtxSetCurrent(ctx) == CUDA_SUCCESS);
 	return ctx;
+}
+
+/* A driver call made on a thread of its own, as an application thread
+ * that may wait in the shim's gate: run(job) there, with ctx current. A
+ * test's own job struct has it as its first member. */
+struct shim_job {
+	CUresult (*run)(struct shim_job *);
+	CUcontext ctx;
+	CUresult r;
+	int done;
+	pthread_t t;
+};
+
+static inline void *shim_job_main(void *arg)
+{
+	struct shim_job *j = arg;
+
+	REQUIRE(cuCtxSetCurrent(j->ctx) == CUDA_SUCCESS);
+	j->r = j->run(j);
+	__atomic_store_n(&j->done, 1, __ATOMIC_RELEASE);
+	return NULL;
+}
+
+static inline void shim_job_start(struct shim_job *j, CUresult (*run)(struct shim_job *), CUcontext ctx)
+{
+	j->run = run;
+	j->ctx = ctx;
+	j->done = 0;
+	REQUIRE(pthread_create(&j->t, NULL, shim_job_main, j) == 0);
+}
+
+static inline int shim_job_done(const struct shim_job *j)
+{
+	return __atomic_load_n(&j->done, __ATOMIC_ACQUIRE);
 }
 
 /* A fake kernel, fill(int *p, int v, int n): p[0 .. n) = v. Registered

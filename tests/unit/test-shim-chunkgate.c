@@ -27,6 +27,7 @@
 #include "t.h"
 #include "shimtest.h"
 #include "dagtest.h"
+#include "gatetest.h"
 
 #define MIB (1UL << 20)
 
@@ -50,13 +51,11 @@ static void noop(void **params, unsigned grid[3], unsigned block[3])
 enum op { OP_LAUNCH1, OP_LAUNCH2, OP_UNKNOWN, OP_HTOD, OP_DTOH, OP_DTOD, OP_MEMSET, OP_GRAPH };
 
 struct job {
+	struct shim_job base;
 	enum op op;
 	CUdeviceptr a, b;
 	size_t n;
 	CUgraphExec exec;
-	CUresult r;
-	int done;
-	pthread_t t;
 };
 
 static CUresult run_op(struct job *j)
@@ -89,57 +88,30 @@ static CUresult run_op(struct job *j)
 	return CUDA_ERROR_UNKNOWN;
 }
 
-static void *job_main(void *arg)
+static CUresult run_job(struct shim_job *b)
 {
-	struct job *j = arg;
-
-	REQUIRE(cuCtxSetCurrent(ctx) == CUDA_SUCCESS);
-	j->r = run_op(j);
-	__atomic_store_n(&j->done, 1, __ATOMIC_RELEASE);
-	return NULL;
+	return run_op((struct job *)b);
 }
 
 static void start(struct job *j)
 {
-	j->done = 0;
-	REQUIRE(pthread_create(&j->t, NULL, job_main, j) == 0);
+	shim_job_start(&j->base, run_job, ctx);
 }
 
 static int done(const struct job *j)
 {
-	return __atomic_load_n(&j->done, __ATOMIC_ACQUIRE);
+	return shim_job_done(&j->base);
 }
 
 static void finish_job(struct job *j)
 {
-	pthread_join(j->t, NULL);
-	CHECK_EQ_INT(j->r, CUDA_SUCCESS);
+	pthread_join(j->base.t, NULL);
+	CHECK_EQ_INT(j->base.r, CUDA_SUCCESS);
 }
 
-static unsigned int waiting(void)
-{
-	struct chunk_gate_stats st;
-
-	chunk_gate_get_stats(&st);
-	return st.waiting;
-}
-
-/* Waits (up to 5 s) until n threads wait at the chunk gate, then a little
- * more, so that a thread that should not be waiting had time to finish. */
-static void until_waiting(unsigned int n)
-{
-	for (int i = 0; i < 5000 && waiting() != n; i++)
-		usleep(1000);
-	CHECK_EQ_INT(waiting(), n);
-	usleep(20 * 1000);
-}
-
-/* Waits (up to 5 s) for j to finish. */
 static void until_done(struct job *j)
 {
-	for (int i = 0; i < 5000 && !done(j); i++)
-		usleep(1000);
-	CHECK(done(j));
+	until_job_done(&j->base);
 }
 
 /* The call runs on the main thread: it must not wait. */
@@ -271,7 +243,7 @@ static void save_epoch(void)
 		usleep(20 * 1000);
 		CHECK(!done(&j));
 		CHECK(!done(&j2));
-		CHECK_EQ_INT(waiting(), 2);
+		CHECK_EQ_INT(gate_waiting(), 2);
 		CHECK_EQ_INT(chunk_gate_finish(), 0);
 		until_done(&j);
 		until_done(&j2);
@@ -329,7 +301,7 @@ static void many_waiters(void)
 	until_done(&j[0]);
 	for (int i = 0; i < 4; i++)
 		finish_job(&j[i]);
-	CHECK_EQ_INT(waiting(), 0);
+	CHECK_EQ_INT(gate_waiting(), 0);
 	CHECK_EQ_INT(chunk_gate_finish(), 0);
 }
 

@@ -30,6 +30,7 @@
 #include "t.h"
 #include "shimtest.h"
 #include "dagtest.h"
+#include "gatetest.h"
 
 #define MIB (1UL << 20)
 #define NEXTRA 20
@@ -50,12 +51,10 @@ static void noop(void **params, unsigned grid[3], unsigned block[3])
 /* ---- launches -------------------------------------------------------------------- */
 
 struct job {
+	struct shim_job base;
 	CUfunction f;
 	uint64_t arg;      /* a buffer's address, or a plain number */
 	bool undecodable;
-	CUresult r;
-	int done;
-	pthread_t t;
 };
 
 static CUresult launch(struct job *j)
@@ -70,50 +69,26 @@ static CUresult launch(struct job *j)
 	return cuLaunchKernel(j->f, 1, 1, 1, 1, 1, 1, 0, NULL, params, NULL);
 }
 
-static void *job_main(void *arg)
+static CUresult run_job(struct shim_job *b)
 {
-	struct job *j = arg;
-
-	REQUIRE(cuCtxSetCurrent(ctx) == CUDA_SUCCESS);
-	j->r = launch(j);
-	__atomic_store_n(&j->done, 1, __ATOMIC_RELEASE);
-	return NULL;
+	return launch((struct job *)b);
 }
 
 static void start(struct job *j)
 {
-	j->done = 0;
-	REQUIRE(pthread_create(&j->t, NULL, job_main, j) == 0);
+	shim_job_start(&j->base, run_job, ctx);
 }
 
 static int done(const struct job *j)
 {
-	return __atomic_load_n(&j->done, __ATOMIC_ACQUIRE);
+	return shim_job_done(&j->base);
 }
 
 static void until_done(struct job *j)
 {
-	for (int i = 0; i < 5000 && !done(j); i++)
-		usleep(1000);
-	CHECK(done(j));
-	pthread_join(j->t, NULL);
-	CHECK_EQ_INT(j->r, CUDA_SUCCESS);
-}
-
-static unsigned int waiting(void)
-{
-	struct chunk_gate_stats st;
-
-	chunk_gate_get_stats(&st);
-	return st.waiting;
-}
-
-static void until_waiting(unsigned int n)
-{
-	for (int i = 0; i < 5000 && waiting() != n; i++)
-		usleep(1000);
-	CHECK_EQ_INT(waiting(), n);
-	usleep(20 * 1000);
+	until_job_done(&j->base);
+	pthread_join(j->base.t, NULL);
+	CHECK_EQ_INT(j->base.r, CUDA_SUCCESS);
 }
 
 /* On this thread: the launch must not wait. */

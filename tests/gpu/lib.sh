@@ -80,6 +80,17 @@ workload_cmd() {
 	esac
 }
 
+# keep_logs MODE SUBDIR FILES...: CRIU's and gpucrd's logs of a cycle (of
+# the modes in KEEP_LOGS_MODES, default all) kept under $KEEP_LOGS/SUBDIR.
+keep_logs() {
+	local mode=$1 sub=$2
+	shift 2
+	[ -n "${KEEP_LOGS:-}" ] && [[ " ${KEEP_LOGS_MODES:-$mode} " == *" $mode "* ]] || return 0
+	mkdir -p "$KEEP_LOGS/$sub"
+	cp "$@" "$WORK/gpucrd.log" "$KEEP_LOGS/$sub/" 2>/dev/null
+	return 0
+}
+
 # A C/R cycle of cuda-prog through CRIU: $1 mode: "stock" (CRIU + its cuda
 # plugin), "gpucr" (under gpucr run, restored from retained memory) or
 # "gpucr-image" (gpucrd restarted between dump and restore: from the image)
@@ -162,12 +173,7 @@ FLOW
 		return 1
 	fi
 	cat "$dir/figures"
-	# CRIU's and gpucrd's logs of each cycle (of the modes in KEEP_LOGS_MODES, default all), kept under $KEEP_LOGS
-	if [ -n "${KEEP_LOGS:-}" ] && [[ " ${KEEP_LOGS_MODES:-$mode} " == *" $mode "* ]]; then
-		mkdir -p "$KEEP_LOGS/$mode-$name"
-		cp "$dir"/img/*.log "$dir"/*.log "$KEEP_LOGS/$mode-$name/" 2>/dev/null
-		cp "$WORK/gpucrd.log" "$KEEP_LOGS/$mode-$name/" 2>/dev/null
-	fi
+	keep_logs "$mode" "$mode-$name" "$dir"/img/*.log "$dir"/*.log
 	rm -rf "$dir/img"
 }
 
@@ -223,11 +229,7 @@ FLOW
 		echo "after the restore of the checkpoint, the output differs from the uninterrupted run: $(diff <(sort -u "$ref") <(sort -u "$dir/out.log") | head -3 | tr '\n' ' ')"
 		return 1
 	fi
-	if [ -n "${KEEP_LOGS:-}" ] && [[ " ${KEEP_LOGS_MODES:-$mode} " == *" $mode "* ]]; then
-		mkdir -p "$KEEP_LOGS/ck-$mode-$name"
-		cp "$dir"/img/*.log "$dir"/*.log "$dir"/dump.out "$dir"/times.run "$KEEP_LOGS/ck-$mode-$name/" 2>/dev/null
-		cp "$WORK/gpucrd.log" "$KEEP_LOGS/ck-$mode-$name/" 2>/dev/null
-	fi
+	keep_logs "$mode" "ck-$mode-$name" "$dir"/img/*.log "$dir"/*.log "$dir"/dump.out "$dir"/times.run
 	echo "$(step_intervals "$dir/times.run" |
 		awk '{ v[NR] = $1 } END { printf "%.0f", (v[NR] - v[int((NR + 1) / 2)]) * 1000 }') $(cat "$dir/figures")"
 	rm -rf "$dir/img"

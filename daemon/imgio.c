@@ -658,6 +658,7 @@ static int transfer(struct xfer *x)
 
 	pthread_mutex_init(&x->lock, NULL);
 	x->slot_size = stage_size();
+	x->slice_delay_us = (useconds_t)(env_u64("GPUCR_FI_SLICE_DELAY_MS", 0) * 1000);
 	x->t0 = x->last_report = now_ns();
 	for (i = 0; i < x->nruns; i++)
 		x->total += x->runs[i].len;
@@ -1031,7 +1032,6 @@ int imgio_write(struct proc *p, int dirfd, struct img_stats *st, char *msg, size
 	x.pid = p->pid;
 	x.hooks = st->hooks;
 	x.chunk = chunk;
-	x.slice_delay_us = (useconds_t)(env_u64("GPUCR_FI_SLICE_DELAY_MS", 0) * 1000);
 	x.what = "writing the GPU image";
 	x.progress = st->progress_done;
 	x.runs = runs;
@@ -1252,7 +1252,6 @@ int imgio_read(pid_t pid, int dirfd, struct rbuf **ret_bufs, struct img_stats *s
 	}
 	x.write = 0;
 	x.pid = pid;
-	x.slice_delay_us = (useconds_t)(env_u64("GPUCR_FI_SLICE_DELAY_MS", 0) * 1000);
 	x.what = "loading the GPU image";
 	x.runs = runs;
 	x.nruns = nruns;

@@ -80,6 +80,19 @@ workload_cmd() {
 	esac
 }
 
+# cycle_failed MODE SUBDIR DIR STATUS: a cycle that failed or ran out of
+# time (CR_TIMEOUT): says in which phase, kills what is left of its
+# program, keeps its logs (whatever KEEP_LOGS_MODES says).
+cycle_failed() {
+	local mode=$1 sub=$2 dir=$3 rc=$4 pid
+	[ "$rc" = 124 ] && echo "timed out after ${CR_TIMEOUT:-150} s in $(grep '^phase:' "$dir/flow.log" | tail -1 | cut -c8-)"
+	grep -v '^phase:' "$dir/flow.log" | tail -5
+	pid=$(cat "$dir/pid" 2>/dev/null)
+	[ -n "$pid" ] && kill -9 "$pid" 2>/dev/null
+	KEEP_LOGS_MODES=$mode keep_logs "$mode" "$sub" "$dir"/img/*.log "$dir"/*.log "$dir"/dump.out
+	return 0
+}
+
 # keep_logs MODE SUBDIR FILES...: CRIU's and gpucrd's logs of a cycle (of
 # the modes in KEEP_LOGS_MODES, default all) kept under $KEEP_LOGS/SUBDIR.
 keep_logs() {
@@ -127,8 +140,11 @@ export CRIU_LIBS_DIR=$libdir PATH=$B/bin:\$PATH B=$B WORK=$WORK GPUCR_SOCKET=${G
 . $B/share/gpucr/tests/gpu/lib.sh
 setsid $run_prefix $cmd $dir/out.log </dev/null >$dir/prog.log 2>&1 &
 pid=\$!
+echo \$pid >$dir/pid
+echo "phase: running to step $at"
 wait_step $dir/out.log $at 300 || { echo "never reached step $at"; exit 1; }
 t0=\$(now)
+echo "phase: criu dump"
 criu dump -t \$pid -D $dir/img -o dump.log -v4 || { echo "dump failed:"; grep -E 'Error|error|gpucr' $dir/img/dump.log | tail -5; exit 1; }
 t1=\$(now)
 wait \$pid 2>/dev/null
@@ -136,17 +152,20 @@ last=\$(awk '\$1 == "step" { n = \$2 } END { print n + 0 }' $dir/out.log)
 echo dumped >$dir/dumped
 for i in \$(seq 1 600); do [ -f $dir/go ] && break; sleep 0.05; done
 t2=\$(now)
+echo "phase: criu restore"
 criu restore -D $dir/img -o restore.log -v4 -d || { echo "restore failed:"; grep -E 'Error|error|gpucr' $dir/img/restore.log | tail -5; exit 1; }
 t3=\$(now)
+echo "phase: restored, waiting for step \$((last + 1))"
 wait_step $dir/out.log \$((last + 1)) 300
 t4=\$(now)
+echo "phase: waiting for the restored process to finish"
 wait_gone \$pid 600 || { echo "restored process did not finish"; exit 1; }
 echo "\$(elapsed \$t0 \$t1) \$(elapsed \$t2 \$t3) \$(elapsed \$t2 \$t4) \$(du -sb $dir/img | cut -f1)" >$dir/figures
 FLOW
 	# The flow waits after the dump for "go": gpucr-image restarts the
 	# daemon then, from here (a daemon started inside the flow would be a
 	# descendant of the subreaper, which waits for all of them).
-	timeout "${CR_TIMEOUT:-300}" "$B/tests/e2e-subreaper" bash "$dir/flow.sh" >"$dir/flow.log" 2>&1 &
+	timeout "${CR_TIMEOUT:-150}" "$B/tests/e2e-subreaper" bash "$dir/flow.sh" >"$dir/flow.log" 2>&1 &
 	local fpid=$! i
 	for ((i = 0; i < 6000; i++)); do [ -f "$dir/dumped" ] || ! kill -0 $fpid 2>/dev/null && break; sleep 0.05; done
 	if [ $mode = gpucr-image ] && [ -f "$dir/dumped" ]; then
@@ -164,8 +183,10 @@ FLOW
 		done
 	fi
 	touch "$dir/go"
-	if ! wait $fpid; then
-		tail -5 "$dir/flow.log"
+	wait $fpid
+	i=$?
+	if [ $i != 0 ]; then
+		cycle_failed "$mode" "$mode-$name" "$dir" $i
 		return 1
 	fi
 	if ! cmp -s "$dir/out.log" "$ref"; then
@@ -207,22 +228,27 @@ export CRIU_LIBS_DIR=$libdir PATH=$B/bin:\$PATH B=$B WORK=$WORK GPUCR_SOCKET=${G
 # stdout to /dev/null: CRIU refuses to restore a process whose open log file grew after the checkpoint
 setsid $run_prefix $cmd $dir/out.log --times $dir/times </dev/null >/dev/null 2>&1 &
 pid=\$!
+echo \$pid >$dir/pid
+echo "phase: running to step $at"
 wait_step $dir/out.log $at 300 || { echo "never reached step $at"; exit 1; }
 t0=\$(now)
+echo "phase: checkpoint"
 $dumpcmd >$dir/dump.out 2>&1 || { echo "checkpoint failed:"; tail -5 $dir/dump.out; exit 1; }
 t1=\$(now)
 wait_step $dir/out.log \$(( $at + 8 )) 300
 kill -9 \$pid; wait \$pid 2>/dev/null
 cp $dir/times $dir/times.run
 t2=\$(now)
+echo "phase: criu restore"
 criu restore -D $dir/img -o restore.log -v4 -d \$([ -f $dir/img/gpucr-shell-job ] && echo --shell-job) || { echo "restore failed:"; grep -E 'Error|error|gpucr' $dir/img/restore.log | tail -5; exit 1; }
 t3=\$(now)
 for i in \$(seq 1 6000); do grep -q '^done' $dir/out.log && break; sleep 0.05; done
 echo "\$(elapsed \$t0 \$t1) \$(elapsed \$t2 \$t3)" >$dir/figures
 FLOW
-	timeout "${CR_TIMEOUT:-300}" "$B/tests/e2e-subreaper" bash "$dir/flow.sh" >"$dir/flow.log" 2>&1
+	timeout "${CR_TIMEOUT:-150}" "$B/tests/e2e-subreaper" bash "$dir/flow.sh" >"$dir/flow.log" 2>&1
+	local rc=$?
 	if [ ! -f "$dir/figures" ]; then
-		tail -5 "$dir/flow.log"
+		cycle_failed "$mode" "ck-$mode-$name" "$dir" $rc
 		return 1
 	fi
 	if ! grep -q "^done" "$dir/out.log" || [ "$(sort -u "$dir/out.log")" != "$(sort -u "$ref")" ]; then

@@ -10,7 +10,8 @@
 # ones and torch-train-expandable: training with PyTorch's expandable
 # segments), WORKLOAD_MODES (default "gpucr-image", the harder path; `make
 # bench` runs them from retained memory and against the stock path),
-# SHIM_TORCH_VARIANTS, IMG_SIZES, BIG (64 GiB for gpucr alone:
+# STOCK_SIZES (default SIZES; "" skips the stock path), SHIM_TORCH_VARIANTS,
+# IMG_SIZES (each "" skips its part), BIG (64 GiB for gpucr alone:
 # auto, 0 or 1), STEPS, SKIP_TORCH, SKIP_GPUCR_CR, KEEP_LOGS=DIR (keep
 # CRIU's and gpucrd's logs of each cycle; KEEP_LOGS_MODES to choose),
 # ESCAPE_GIB (the escape check's size, default 4; 0 skips it).
@@ -32,8 +33,8 @@ export B WORK PATH="$B/bin:$PATH"
 . "$B/share/gpucr/tests/gpu/lib.sh"
 pass=0 fail=0 skip=0
 
-result() { # name size status detail
-	printf '%-28s %-7s %-4s %s\n' "$1" "$2" "$3" "$4"
+result() { # name size status detail; then when (seconds since the suite started)
+	printf '%-28s %-7s %-4s %s [at %ss]\n' "$1" "$2" "$3" "$4" "$SECONDS"
 	case $3 in PASS) pass=$((pass + 1)) ;; FAIL) fail=$((fail + 1)) ;; *) skip=$((skip + 1)) ;; esac
 }
 
@@ -89,7 +90,7 @@ else
 fi
 
 # -- the stock path (CRIU + its cuda plugin): dump, kill, restore
-for g in $SIZES; do
+for g in ${STOCK_SIZES-$SIZES}; do
 	if r=$(cr_cycle_cuda_prog stock "$g" 10 "$WORK/ref-$g.log" "$STEPS"); then
 		set -- $r
 		result stock-criu-cuda-prog "${g}GiB" PASS "dump ${1}s restore ${2}s (first step ${3}s) image $(($4 / 1048576)) MiB, output identical"
@@ -112,7 +113,7 @@ if [ -z "${SKIP_TORCH:-}" ] && python3 -c 'import torch; assert torch.cuda.is_av
 	# (torch.compile under the shim: the torch-compile workload below)
 	# (plain PyTorch under the shim: every workload below runs under it and is
 	# compared with a reference run without it)
-	for variant in ${SHIM_TORCH_VARIANTS:-expandable}; do
+	for variant in ${SHIM_TORCH_VARIANTS-expandable}; do
 		extra=() envx=()
 		case $variant in
 		expandable) envx=(PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True) ;;
@@ -134,7 +135,7 @@ else
 fi
 
 # -- gpucrd's image engine alone: GPU memory -> image -> GPU memory
-for g in ${IMG_SIZES:-16}; do
+for g in ${IMG_SIZES-16}; do
 	mkdir -p "$WORK/imgbench"
 	if out=$("$B/bin/imgbench" --gib "$g" --dir "$WORK/imgbench" 2>&1); then
 		w=$(echo "$out" | grep '^write' | grep -o '[0-9.]* GB/s' | head -1)
@@ -151,7 +152,7 @@ done
 if [ -f "$B/lib/criu/gpucr_plugin.so" ] && [ -z "${SKIP_GPUCR_CR:-}" ]; then
 	start_gpucrd || result gpucrd-start - FAIL "gpucrd did not start: $(tail -3 "$WORK/gpucrd.log")"
 	for g in $SIZES; do
-		for mode in ${MODES:-gpucr gpucr-image}; do
+		for mode in ${MODES-gpucr gpucr-image}; do
 			if r=$(cr_cycle_cuda_prog $mode "$g" 10 "$WORK/ref-$g.log" "$STEPS"); then
 				set -- $r
 				result "$mode-criu-cuda-prog" "${g}GiB" PASS "dump ${1}s restore ${2}s (first step ${3}s) image $(($4 / 1048576)) MiB, output identical"

@@ -39,6 +39,7 @@
 #pragma GCC visibility pop
 #pragma GCC diagnostic pop
 
+#include "err.h"
 #include "image.h"
 #include "plugin.h"
 #include "sock.h"
@@ -168,6 +169,17 @@ static int driver_restore_unlock(struct tracked *t)
 			pl_err("pid %d: driver unlock: %s", t->pid, msg);
 		else
 			t->locked = 0;
+	}
+	if (r < 0) {
+		Gpucr__DriverState st = GPUCR__DRIVER_STATE__DRV_STATE_UNKNOWN;
+
+		/* Where the failure left it, for the caller: a process the
+		 * driver reports running needs nothing more; one it still holds
+		 * cannot make a CUDA call. */
+		if (drv_op(t->pid, GPUCR__DRIVER_OP_KIND__DRV_GET_STATE, 0, &st, NULL, msg, sizeof(msg)) == 0) {
+			t->checkpointed = st == GPUCR__DRIVER_STATE__DRV_STATE_CHECKPOINTED;
+			t->locked = t->checkpointed || st == GPUCR__DRIVER_STATE__DRV_STATE_LOCKED;
+		}
 	}
 	return r;
 }
@@ -449,11 +461,27 @@ static int prepare_all(void)
 	return r;
 }
 
+/* The driver's restore or unlock of a restored process failed: the driver
+ * still holds it (checkpointed or locked), and its first CUDA call would
+ * wait for ever (the shim's remap of its memory is one). CRIU goes on after
+ * a failure of the late hook, so kill it here: the restore fails, with the
+ * reason in CRIU's log, instead of leaving a process that hangs. */
+static int kill_driver_held(struct tracked *t, int err)
+{
+	pl_err("pid %d: the driver did not give its CUDA state back (%s: %s); killing it, as every CUDA call "
+	       "it made would wait for ever (the restore fails)",
+	       t->pid, t->checkpointed ? "still checkpointed" : "still locked", gpucr_strerror(err));
+	kill(t->pid, SIGKILL);
+	t->gpucr = 0;
+	t->checkpointed = t->locked = 0;
+	return err;
+}
+
 static int gpucr_resume_devices_late(int pid)
 {
 	Gpucr__DriverState st = GPUCR__DRIVER_STATE__DRV_STATE_UNKNOWN;
 	struct held_thread h;
-	struct tracked *t;
+	struct tracked *t = NULL;
 	char msg[600];
 	int tid = -1, r, r2;
 
@@ -490,6 +518,8 @@ static int gpucr_resume_devices_late(int pid)
 			t->gpucr = 0;
 			return r2;
 		}
+		if (r < 0 && (t->checkpointed || t->locked))
+			return kill_driver_held(t, r);
 		return r;
 	}
 	r = drv_op(pid, GPUCR__DRIVER_OP_KIND__DRV_GET_RESTORE_TID, 0, NULL, &tid, msg, sizeof(msg));
@@ -516,6 +546,8 @@ static int gpucr_resume_devices_late(int pid)
 		r = driver_restore_unlock(t);
 	}
 	r2 = thread_stop_again(&h);
+	if (r < 0 && t && (t->checkpointed || t->locked))
+		return kill_driver_held(t, r);
 	return r ? r : r2;
 }
 CR_PLUGIN_REGISTER_HOOK(CR_PLUGIN_HOOK__RESUME_DEVICES_LATE, gpucr_resume_devices_late)

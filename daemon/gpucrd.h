@@ -187,6 +187,16 @@ int registry_buffer_free(struct proc *p, uint64_t va);
 /* The shim's connection went away: keep the process's memory if it is
  * dumped (retention), else forget the process. */
 void registry_detach(struct daemon *d, struct proc *p);
+/* p holds a dumped process's GPU memory for its restore: released,
+ * dumped or restoring. Its buffers may be none at all: an application that
+ * allocates all its memory itself through the driver's VMM calls (PyTorch's
+ * expandable segments), which the shim passes through and the driver's own
+ * checkpoint carries. */
+static inline int registry_keeps(const struct proc *p)
+{
+	return p->state == GPUCR__PROC_STATE__PROC_DUMPED || p->state == GPUCR__PROC_STATE__PROC_RELEASED ||
+	       p->state == GPUCR__PROC_STATE__PROC_RESTORING;
+}
 void registry_drop(struct daemon *d, struct proc *p);
 void registry_free_all(struct daemon *d);
 /* Imports every buffer's fd into the daemon (worker thread). */

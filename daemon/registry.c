@@ -123,8 +123,7 @@ void registry_drop(struct daemon *d, struct proc *p)
 void registry_detach(struct daemon *d, struct proc *p)
 {
 	p->shim = NULL;
-	if (p->state == GPUCR__PROC_STATE__PROC_DUMPED || p->state == GPUCR__PROC_STATE__PROC_RELEASED ||
-	    p->state == GPUCR__PROC_STATE__PROC_RESTORING) {
+	if (registry_keeps(p)) {
 		pr_info("pid %d (%s): detached; keeping %llu bytes of GPU memory for its restore",
 			(int)p->pid, p->comm, (unsigned long long)p->bytes);
 		dump_shim_detached(p);

@@ -300,10 +300,11 @@ int restore_start(struct daemon *d, struct conn *c, const Gpucr__Msg *req, int d
 			       rq->pid, (unsigned)p->uid);
 		return -EPERM;
 	}
-	if (p && allow_retained && !p->shim && p->nbufs &&
-	    (p->state == GPUCR__PROC_STATE__PROC_DUMPED || p->state == GPUCR__PROC_STATE__PROC_RELEASED ||
-	     p->state == GPUCR__PROC_STATE__PROC_RESTORING)) {
-		/* Zero-copy: the memory never left the GPU. */
+	if (p && allow_retained && !p->shim && registry_keeps(p)) {
+		/* Zero-copy: the memory never left the GPU (or there is none:
+		 * a process whose memory is all its own VMM memory, which the
+		 * driver's checkpoint carries, waits for nothing here, not
+		 * even an image still being written). */
 		if (p->state != GPUCR__PROC_STATE__PROC_RESTORING) {
 			p->t_restore = now_ns();
 			pr_info("pid %d (%s): restoring from retained GPU memory (%llu MiB, nothing to copy)",
@@ -378,11 +379,21 @@ static void on_resume_reply(struct conn *c, Gpucr__Msg *rep, int *fds, unsigned 
 	p->t_restore = 0;
 }
 
+/* Every chunk is mapped back (or there was none): the gate may open. */
+static int resume_restored(struct proc *p, struct conn *c)
+{
+	Gpucr__Msg m = GPUCR__MSG__INIT;
+	Gpucr__Resume rs = GPUCR__RESUME__INIT;
+
+	rs.has_save_epoch = rs.save_epoch = dump_resume_save_epoch(p);
+	m.body_case = GPUCR__MSG__BODY_RESUME;
+	m.resume = &rs;
+	return conn_request(c, &m, NULL, 0, on_resume_reply, p);
+}
+
 static void on_remap_reply(struct conn *c, Gpucr__Msg *rep, int *fds, unsigned nfds, void *data)
 {
 	struct proc *p = data;
-	Gpucr__Msg m = GPUCR__MSG__INIT;
-	Gpucr__Resume rs = GPUCR__RESUME__INIT;
 
 	(void)fds;
 	(void)nfds;
@@ -396,10 +407,8 @@ static void on_remap_reply(struct conn *c, Gpucr__Msg *rep, int *fds, unsigned n
 	}
 	if (--p->remaps_left > 0)
 		return;
-	rs.has_save_epoch = rs.save_epoch = dump_resume_save_epoch(p);
-	m.body_case = GPUCR__MSG__BODY_RESUME;
-	m.resume = &rs;
-	conn_request(c, &m, NULL, 0, on_resume_reply, p);
+	if (resume_restored(p, c) < 0)
+		pr_err("pid %d: cannot tell it to resume", (int)p->pid);
 }
 
 void restore_shim_reattached(struct daemon *d, struct proc *p, struct conn *c)
@@ -410,7 +419,7 @@ void restore_shim_reattached(struct daemon *d, struct proc *p, struct conn *c)
 	int nb = 0, batches, r;
 
 	(void)d;
-	if (!p->nbufs) {
+	if (!p->nbufs && !registry_keeps(p)) {
 		pr_warn("pid %d reattached after a restore, but gpucrd holds no GPU memory for it; "
 			"restore it with 'criu restore' and gpucr's plugin, which loads its GPU image",
 			(int)p->pid);
@@ -428,6 +437,14 @@ void restore_shim_reattached(struct daemon *d, struct proc *p, struct conn *c)
 	}
 	if (p->state == GPUCR__PROC_STATE__PROC_RUNNING)
 		return;
+	if (!p->nbufs) {
+		/* Nothing of gpucr's to map back: the shim only opens its gate. */
+		p->state = GPUCR__PROC_STATE__PROC_RESTORING;
+		p->remaps_left = 0;
+		if (resume_restored(p, c) < 0)
+			pr_err("pid %d: cannot tell it to resume", (int)p->pid);
+		return;
+	}
 	batches = (int)((p->nbufs + REMAP_BATCH - 1) / REMAP_BATCH);
 	p->remaps_left = batches;
 	p->state = GPUCR__PROC_STATE__PROC_RESTORING;

@@ -193,14 +193,16 @@ static int on_hello(struct conn *c, Gpucr__Msg *req)
 			return reply_err(c, req, -EAGAIN, "pid %d: its dump is still running; try again",
 					 (int)c->cred.pid);
 		}
-		if (restored && (!old || !old->nbufs || old->uid != c->cred.uid)) {
+		/* Without buffers, a kept process is still one to resume: all its
+		 * memory may be the application's own (registry_keeps). */
+		if (restored && (!old || (!old->nbufs && !registry_keeps(old)) || old->uid != c->cred.uid)) {
 			c->hello_done = 0;
 			return reply_err(c, req, -ENOENT,
 					 "gpucrd holds no GPU memory for pid %d (restart of gpucrd without an image?)",
 					 (int)c->cred.pid);
 		}
 
-		if (old && !old->shim && !restored && old->nbufs && !old->busy && !old->dump) {
+		if (old && !old->shim && !restored && (old->nbufs || registry_keeps(old)) && !old->busy && !old->dump) {
 			/* A new process under the pid of a dumped one: the memory
 			 * kept for that one is not this one's. */
 			pr_warn("pid %d: a new process took the pid of dumped '%s'; freeing the %llu MiB kept for "

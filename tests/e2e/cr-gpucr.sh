@@ -10,7 +10,8 @@
 # fails with a message and the application keeps running); a process tree
 # with non-CUDA children; the image written in the background (its write
 # held back until the driver is done, GPUCR_WRITE_AFTER_DRIVER=1); gpucr
-# dump / restore; gpucr checkpoint (periodic, rotated, restored from latest).
+# dump / restore; gpucr checkpoint (periodic, rotated, restored from latest);
+# an application whose GPU memory is (all or partly) its own VMM memory.
 set -u
 B=$(cd "${BUILD:-build}" && pwd)
 [ "$(id -u)" = 0 ] || { echo "skip: CRIU needs root"; exit 77; }
@@ -447,6 +448,66 @@ else
 fi
 stop_daemon
 start_daemon
+
+# 13. an application that allocates its GPU memory itself through the
+# driver's VMM calls, as PyTorch does with expandable_segments:True
+# (FAKE_APP_VMM=2: all of it, no cuMemAlloc; 1: its large buffers). The
+# shim passes those calls through: gpucr owns none or little of its memory,
+# and the rest is carried by the driver's checkpoint (the test driver's
+# keeps it, FAKECUDA_CKPT_KEEPS_MEMORY=1, as the driver moves it to host
+# memory and back). A process with no buffer of gpucr's used to take the
+# shim's "memory lost" path at its reattach, and its restore from memory
+# kept while its image was still being written was refused.
+APP_ENV+=(FAKECUDA_CKPT_KEEPS_MEMORY=1 FAKECUDA_RESTORE_THREAD=1 FAKE_APP_VMM=2)
+vmm_checks() { # name
+	local p
+	p=$(cat "$W/$1.dumped" 2>/dev/null)
+	check_same "$1"
+	if grep -q "memory is lost\|error" "$W/$1.app.log"; then
+		bad "$1: the shim did not get its (empty) memory back: $(grep -m1 'lost\|error' "$W/$1.app.log")"
+	elif grep -q "resumed" "$W/$1.app.log" && grep -q "pid $p (.*): running again" "$W/gpucrd.log"; then
+		ok "$1: resumed by gpucrd after the restore"
+	else
+		bad "$1: not resumed by gpucrd"
+		grep "pid $p" "$W/gpucrd.log" | tail -6 | sed 's/^/    gpucrd| /'
+	fi
+}
+flow vmm-kill-restore "" ""
+vmm_checks vmm-kill-restore
+grep -q "pid $(cat "$W/vmm-kill-restore.dumped" 2>/dev/null) (.*): restoring from retained GPU memory (0 MiB" "$W/gpucrd.log" &&
+	ok "vmm-kill-restore: restored from the (empty) memory gpucrd kept" || bad "vmm-kill-restore: not restored from retained memory"
+flow vmm-daemon-restart "" restart_daemon
+vmm_checks vmm-daemon-restart
+grep -q "pid $(cat "$W/vmm-daemon-restart.dumped" 2>/dev/null): 0 MiB loaded from the image" "$W/gpucrd.log" &&
+	ok "vmm-daemon-restart: restored from the image" || bad "vmm-daemon-restart: the image was not loaded"
+APP_ENV[${#APP_ENV[@]}-1]=FAKE_APP_VMM=1
+flow vmm-mixed "" restart_daemon
+vmm_checks vmm-mixed
+grep -q "released [1-9][0-9]* chunk(s)" "$W/vmm-mixed.app.log" && grep -q "mapped back at its addresses" "$W/vmm-mixed.app.log" &&
+	ok "vmm-mixed: the shim's own buffers were released and mapped back" || bad "vmm-mixed: the shim's buffers were not released and mapped back"
+APP_ENV[${#APP_ENV[@]}-1]=FAKE_APP_VMM=2
+# Restored from the memory kept while the image is still being written.
+stop_daemon
+GPUCR_FI_IMAGE_DELAY_MS=1500 start_daemon
+GPUCR_IMAGE_WAIT=0 flow vmm-background "" ""
+vmm_checks vmm-background
+# The driver's restore fails (after a gpucrd restart): the driver still
+# holds the process, whose next CUDA call would wait for ever. It is killed
+# in the late hook and the restore fails, instead of a restored process
+# that hangs.
+restart_drv_fail() { stop_daemon; FAKECUDA_FAIL=cuCheckpointProcessRestore start_daemon; }
+flow vmm-drv-fail "" restart_drv_fail
+fpid=$(cat "$W/vmm-drv-fail.dumped" 2>/dev/null)
+if grep -q "restore failed" "$W/vmm-drv-fail.flow.log" && grep -q "did not give its CUDA state back" "$W/vmm-drv-fail/restore.log" &&
+	! kill -0 "$fpid" 2>/dev/null; then
+	ok "vmm-drv-fail: $(grep -o 'pid [0-9]*: the driver did not give[^;]*' "$W/vmm-drv-fail/restore.log" | head -1)"
+else
+	bad "vmm-drv-fail: a failed driver restore did not fail the restore"
+	tail -5 "$W/vmm-drv-fail.flow.log" | sed 's/^/    /'
+	grep gpucr "$W/vmm-drv-fail/restore.log" | sed 's/^/    /'
+	kill -9 "$fpid" 2>/dev/null
+fi
+restart_daemon
 
 echo "$fails failure(s)"
 [ $fails = 0 ]

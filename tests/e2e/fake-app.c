@@ -13,7 +13,17 @@
  * FAKE_APP_ESCAPE=1 adds, before every launch, a kernel whose only parameter
  * is a small buffer holding the address of another buffer (32 MiB, written
  * by nothing else), which it writes through that pointer: a write no launch
- * decoding can predict. */
+ * decoding can predict.
+ *
+ * FAKE_APP_VMM=1 takes the large buffers (and the escape case's) from the
+ * driver's VMM calls, as PyTorch's expandable segments do: one address
+ * reservation, grown by creating granule-sized physical handles, mapping
+ * them at its end and granting access to what was mapped. gpucr's shim
+ * passes those calls through without tracking them, so that memory is
+ * carried only by the driver's own checkpoint. FAKE_APP_VMM=2 takes every
+ * buffer from it (the small ones sub-allocated in the segment, as a caching
+ * allocator does): no cuMemAlloc at all. The output is the same in every
+ * mode. */
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -34,6 +44,63 @@
 			exit(3);                                                        \
 		}                                                                       \
 	} while (0)
+
+/* An expandable segment: [base, base + mapped) is mapped read-write in
+ * handles of gran bytes, [base, base + used) handed out. */
+struct seg {
+	CUdeviceptr base;
+	size_t size, mapped, used, gran;
+	CUdevice dev;
+};
+
+static void seg_init(struct seg *s, CUdevice dev, size_t size)
+{
+	CUmemAllocationProp prop = { 0 };
+
+	prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+	prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+	prop.location.id = dev;
+	CK(cuMemGetAllocationGranularity(&s->gran, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED));
+	s->size = (size + s->gran - 1) / s->gran * s->gran;
+	s->dev = dev;
+	s->mapped = s->used = 0;
+	CK(cuMemAddressReserve(&s->base, s->size, 0, 0, 0));
+}
+
+/* bytes from the segment, 512-byte aligned, mapping more of it as needed. */
+static CUdeviceptr seg_alloc(struct seg *s, size_t bytes)
+{
+	size_t at = (s->used + 511) & ~(size_t)511, start = s->mapped;
+
+	if (at + bytes > s->size) {
+		fprintf(stderr, "fake-app: segment of %zu bytes full\n", s->size);
+		exit(3);
+	}
+	while (s->mapped < at + bytes) {
+		CUmemAllocationProp prop = { 0 };
+		CUmemGenericAllocationHandle h;
+
+		prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+		prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+		prop.location.id = s->dev;
+		CK(cuMemCreate(&h, s->gran, &prop, 0));
+		CK(cuMemMap(s->base + s->mapped, s->gran, 0, h, 0));
+		/* The mapping keeps the memory; PyTorch keeps the handle to
+		 * unmap later, the app has no use for it. */
+		CK(cuMemRelease(h));
+		s->mapped += s->gran;
+	}
+	if (s->mapped > start) {
+		CUmemAccessDesc acc = { 0 };
+
+		acc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+		acc.location.id = s->dev;
+		acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+		CK(cuMemSetAccess(s->base + start, s->mapped - start, &acc, 1));
+	}
+	s->used = at + bytes;
+	return s->base + at;
+}
 
 static void step_kernel(void **params, unsigned grid[3], unsigned block[3])
 {
@@ -76,6 +143,8 @@ int main(int argc, char **argv)
 	uint64_t *vhost = NULL;
 	const char *times = NULL;
 	int escape = getenv("FAKE_APP_ESCAPE") && atoi(getenv("FAKE_APP_ESCAPE"));
+	int vmm = getenv("FAKE_APP_VMM") ? atoi(getenv("FAKE_APP_VMM")) : 0;
+	struct seg seg;
 	CUmodule mod;
 	CUdevice dev;
 	CUcontext ctx;
@@ -116,16 +185,24 @@ int main(int argc, char **argv)
 	host = malloc(bign * 8);
 	if (escape)
 		vhost = malloc(vicn * 8);
+	if (vmm)
+		seg_init(&seg, dev, (size_t)1 << 30);
 	for (b = 0; b < nbig; b++) {
 		size_t i;
 
-		CK(cuMemAlloc(&big[b], bign * 8));
+		if (vmm)
+			big[b] = seg_alloc(&seg, bign * 8);
+		else
+			CK(cuMemAlloc(&big[b], bign * 8));
 		for (i = 0; i < bign; i++)
 			host[i] = i * 31 + (uint64_t)b;
 		CK(cuMemcpyHtoD(big[b], host, bign * 8));
 	}
 	for (b = 0; b < nsmall; b++) {
-		CK(cuMemAlloc(&small[b], smalln * 8));
+		if (vmm >= 2)
+			small[b] = seg_alloc(&seg, smalln * 8);
+		else
+			CK(cuMemAlloc(&small[b], smalln * 8));
 		CK(cuMemsetD32(small[b], (unsigned)b + 1, smalln * 2));
 	}
 	if (escape) {
@@ -134,13 +211,19 @@ int main(int argc, char **argv)
 		uint64_t h[2] = { vicn, 0 };
 		size_t i;
 
-		CK(cuMemAlloc(&victim, vicn * 8));
+		if (vmm)
+			victim = seg_alloc(&seg, vicn * 8);
+		else
+			CK(cuMemAlloc(&victim, vicn * 8));
 		for (i = 0; i < vicn; i++)
 			vhost[i] = i * 7 + 1;
 		CK(cuMemcpyHtoD(victim, vhost, vicn * 8));
 		h[1] = (uint64_t)victim;
 
-		CK(cuMemAlloc(&holder, sizeof(h)));
+		if (vmm >= 2)
+			holder = seg_alloc(&seg, sizeof(h));
+		else
+			CK(cuMemAlloc(&holder, sizeof(h)));
 		CK(cuMemcpyHtoD(holder, h, sizeof(h)));
 	}
 	unlink(argv[1]);

@@ -5,7 +5,9 @@
  * gate.c).  By default a checkpoint succeeds only when the target holds no
  * device memory, which is what lets tests prove that gpucr really released
  * it; a target started with FAKECUDA_CKPT_KEEPS_MEMORY=1 is checkpointed
- * with its memory, as by the driver (tests of the plain driver flow). */
+ * with its memory, as by the driver (tests of the plain driver flow).
+ * FAKECUDA_FAIL in the caller makes lock, checkpoint, restore or unlock
+ * fail, leaving the target in the state it was in. */
 #include <dirent.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -316,6 +318,9 @@ CUresult CUDAAPI cuCheckpointProcessLock(int pid, CUcheckpointLockArgs *args)
 	struct fk_page *p;
 	CUresult rc;
 
+	rc = fk_fault_check(__func__); /* the target is left as it was */
+	if (rc != CUDA_SUCCESS)
+		return rc;
 	rc = target_open(pid, &p);
 	if (rc != CUDA_SUCCESS)
 		return rc;
@@ -347,6 +352,9 @@ CUresult CUDAAPI cuCheckpointProcessCheckpoint(int pid, CUcheckpointCheckpointAr
 	int err;
 
 	(void)args;
+	rc = fk_fault_check(__func__); /* the target is left as it was */
+	if (rc != CUDA_SUCCESS)
+		return rc;
 	rc = target_open(pid, &p);
 	if (rc != CUDA_SUCCESS)
 		return rc;
@@ -406,6 +414,9 @@ CUresult CUDAAPI cuCheckpointProcessRestore(int pid, CUcheckpointRestoreArgs *ar
 			if (!known_uuid(&args->gpuPairs[i].newUuid))
 				return CUDA_ERROR_INVALID_VALUE;
 	}
+	rc = fk_fault_check(__func__); /* the target is left as it was */
+	if (rc != CUDA_SUCCESS)
+		return rc;
 	rc = target_open(pid, &p);
 	if (rc != CUDA_SUCCESS)
 		return rc;
@@ -424,6 +435,9 @@ CUresult CUDAAPI cuCheckpointProcessUnlock(int pid, CUcheckpointUnlockArgs *args
 	CUresult rc;
 
 	(void)args;
+	rc = fk_fault_check(__func__); /* the target is left as it was */
+	if (rc != CUDA_SUCCESS)
+		return rc;
 	rc = target_open(pid, &p);
 	if (rc != CUDA_SUCCESS)
 		return rc;

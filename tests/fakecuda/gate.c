@@ -200,7 +200,7 @@ static int name_match(const char *pat, const char *fn)
 	return *p == '\0';
 }
 
-static CUresult fault_check(const char *fn)
+CUresult fk_fault_check(const char *fn)
 {
 	CUresult rc = CUDA_SUCCESS;
 
@@ -351,7 +351,7 @@ CUresult fk_gate_enter(const char *fn, struct fk_gate *g)
 	if (!__atomic_load_n(&fk.initialized, __ATOMIC_ACQUIRE))
 		return CUDA_ERROR_NOT_INITIALIZED;
 	if (__atomic_load_n(&nfaults, __ATOMIC_RELAXED)) {
-		CUresult rc = fault_check(fn);
+		CUresult rc = fk_fault_check(fn);
 
 		if (rc != CUDA_SUCCESS)
 			return rc;

@@ -209,6 +209,10 @@ struct fk_gate {
 
 CUresult fk_gate_enter(const char *fn, struct fk_gate *g);
 void fk_gate_leave(struct fk_gate *g);
+/* The fault injected for fn's next call (FAKECUDA_FAIL,
+ * fakecuda_inject_fault), or CUDA_SUCCESS: fk_gate_enter asks it, and so
+ * do the checkpoint API's calls, which do not pass the gate. */
+CUresult fk_fault_check(const char *fn);
 /* Called from cuInit, fk_lock held: the first time reads FAKECUDA_FAIL
  * and creates this process's state page; in a forked child, creates its. */
 CUresult fk_gate_init(void);

@@ -1041,6 +1041,7 @@ int dump_start(struct daemon *d, struct conn *c, const Gpucr__Msg *req, int dirf
 	}
 	conn_hold(c);
 	p->dump = op;
+	p->cr_conn = c;
 	p->dump_woken = 0;
 	p->dump_err = 0;
 	p->image_done = 0;

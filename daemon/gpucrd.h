@@ -62,6 +62,8 @@ struct proc {
 	uint64_t t_dumped;          /* when its last image was completed */
 	int save_epoch;             /* 1: Resume{save_epoch} sent, 2: the shim runs in it */
 	int dump_woken;             /* the plugin's Wake came during this dump: CRIU is done */
+	struct conn *cr_conn;       /* whose dump request released its memory: CRIU works on the
+	                             * process until that connection's Wake or close */
 	int dump_err;               /* how its last dump's image failed (0: it did not) */
 	int escaped;                /* a write escaped prediction in one of its save epochs */
 	char dump_msg[1024];
@@ -187,6 +189,9 @@ int registry_buffer_free(struct proc *p, uint64_t va);
 /* The shim's connection went away: keep the process's memory if it is
  * dumped (retention), else forget the process. */
 void registry_detach(struct daemon *d, struct proc *p);
+/* Connection c closed: CRIU is no longer working on the processes whose
+ * dump it requested (proc.cr_conn). */
+void registry_forget_conn(struct daemon *d, struct conn *c);
 /* p holds a dumped process's GPU memory for its restore: released,
  * dumped or restoring. Its buffers may be none at all: an application that
  * allocates all its memory itself through the driver's VMM calls (PyTorch's

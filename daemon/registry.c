@@ -120,6 +120,15 @@ void registry_drop(struct daemon *d, struct proc *p)
 	free(p);
 }
 
+void registry_forget_conn(struct daemon *d, struct conn *c)
+{
+	struct proc *p;
+
+	for (p = d->procs; p; p = p->next)
+		if (p->cr_conn == c)
+			p->cr_conn = NULL;
+}
+
 void registry_detach(struct daemon *d, struct proc *p)
 {
 	p->shim = NULL;

@@ -185,10 +185,15 @@ static int on_hello(struct conn *c, Gpucr__Msg *req)
 		struct proc *old = registry_find(c->d, c->cred.pid);
 		int restored = h->has_restored && h->restored;
 
-		if (restored && old && old->dump && old->state != GPUCR__PROC_STATE__PROC_RESTORING &&
-		    !dump_allows_reattach(old)) {
+		if (restored && old && old->state != GPUCR__PROC_STATE__PROC_RESTORING &&
+		    (old->dump ? !dump_allows_reattach(old) : old->cr_conn != NULL)) {
 			/* Its dump still runs: a connection now could be caught
-			 * by CRIU's freeze, and the image is not complete. */
+			 * by CRIU's freeze, and the image is not complete. Or
+			 * the image is complete but CRIU still works on the
+			 * process (the driver's checkpoint of memory gpucr does
+			 * not own can take seconds): a connection now would be
+			 * one CRIU cannot dump, and the driver holds the
+			 * process, so its memory cannot be mapped back. */
 			c->hello_done = 0;
 			return reply_err(c, req, -EAGAIN, "pid %d: its dump is still running; try again",
 					 (int)c->cred.pid);
@@ -489,6 +494,7 @@ static void conn_close(struct conn *c)
 		registry_detach(c->d, c->proc);
 		c->proc = NULL;
 	}
+	registry_forget_conn(c->d, c);
 	uv_poll_stop(&c->poll);
 	uv_close((uv_handle_t *)&c->poll, on_closed);
 }

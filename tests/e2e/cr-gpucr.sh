@@ -476,6 +476,23 @@ flow vmm-kill-restore "" ""
 vmm_checks vmm-kill-restore
 grep -q "pid $(cat "$W/vmm-kill-restore.dumped" 2>/dev/null) (.*): restoring from retained GPU memory (0 MiB" "$W/gpucrd.log" &&
 	ok "vmm-kill-restore: restored from the (empty) memory gpucrd kept" || bad "vmm-kill-restore: not restored from retained memory"
+# The driver's checkpoint outlasts the shim's 1 s reconnect (it moves the
+# memory gpucr does not own: 1.7 s for PyTorch's ~3 GB with expandable
+# segments on an H200), and the (empty) image is complete long before.
+# The shim's reconnect must be refused until CRIU is done with the process:
+# let in, its socket made CRIU's dump fail, and its remap ran into the
+# driver's lock.
+stop_daemon
+FAKECUDA_CKPT_DELAY_MS=1600 start_daemon
+saved_env=("${APP_ENV[@]}")
+APP_ENV+=(GPUCR_LOG=debug)
+flow vmm-slow-driver "" ""
+APP_ENV=("${saved_env[@]}")
+vmm_checks vmm-slow-driver
+grep -q "gpucrd refused hello: pid [0-9]*: its dump is still running" "$W/vmm-slow-driver.app.log" &&
+	ok "vmm-slow-driver: the shim's reconnect during the driver's checkpoint was refused until CRIU was done" ||
+	bad "vmm-slow-driver: the shim was not kept out while CRIU worked on the process (the race was not hit?)"
+restart_daemon
 flow vmm-daemon-restart "" restart_daemon
 vmm_checks vmm-daemon-restart
 grep -q "pid $(cat "$W/vmm-daemon-restart.dumped" 2>/dev/null): 0 MiB loaded from the image" "$W/gpucrd.log" &&

@@ -50,18 +50,21 @@ over_budget() {
 
 start_gpucrd || { echo "gpucrd did not start"; exit 1; }
 # A system named NAME-held is NAME with gpucrd started with
-# GPUCR_WRITE_AFTER_DRIVER=1 (the image's device->host write held back
-# until the driver is done with the process; off by default until measured):
-# e.g. SIZES=16 SYSTEMS="gpucr-bg gpucr-bg-held" CKPT_SYSTEMS="gpucr gpucr-held".
+# GPUCR_WRITE_AFTER_DRIVER=1 (the image's device->host write of a dump
+# nothing waits for held back until the driver is done with the process:
+# gpucrd's default), NAME-unheld with GPUCR_WRITE_AFTER_DRIVER=0 (written
+# beside the driver's work): e.g. SIZES=16 SYSTEMS="gpucr-bg gpucr-bg-unheld"
+# CKPT_SYSTEMS="gpucr gpucr-unheld".
 # held SYS CYCLE ARGS...: runs the cycle function for SYS.
 held() {
-	local sys=$1 fn=$2 r rc
+	local sys=$1 fn=$2 r rc v=1
 	shift 2
 	case $sys in
-	*-held)
+	*-held | *-unheld)
+		[[ $sys == *-unheld ]] && v=0
 		stop_gpucrd
-		GPUCR_WRITE_AFTER_DRIVER=1 start_gpucrd || { echo "gpucrd did not start"; return 1; }
-		r=$($fn "${sys%-held}" "$@")
+		GPUCR_WRITE_AFTER_DRIVER=$v start_gpucrd || { echo "gpucrd did not start"; return 1; }
+		r=$($fn "${sys%-*}" "$@")
 		rc=$?
 		stop_gpucrd
 		start_gpucrd

@@ -23,9 +23,9 @@
  * in its images too). Only when the shim could not remember them all does
  * such a process run early only with a copy made on the GPU.
  *
- * GPUCR_WRITE_AFTER_DRIVER=1 holds the image's device->host write of a dump
- * that nothing waits for (DumpRequest.image_background) back until the
- * driver is done with the process (write_hold below).
+ * The image's device->host write of a dump that nothing waits for
+ * (DumpRequest.image_background) is held back until the driver is done
+ * with the process (write_hold below; GPUCR_WRITE_AFTER_DRIVER=0: not).
  *
  * Any failure before the release puts the process back as it was (resume).
  * The memory stays held by the daemon after the image is written (retention)
@@ -77,11 +77,12 @@ struct concurrent {
 	int decided, copied;        /* the copy at T was tried; it was made */
 };
 
-/* GPUCR_WRITE_AFTER_DRIVER=1, for a dump that nothing waits for: its
+/* For a dump that nothing waits for (unless GPUCR_WRITE_AFTER_DRIVER=0): its
  * device->host write starts once the driver is done with the process, not
- * beside the driver's own work, which it seemed to slow down on an H200 (a
- * concurrent checkpoint's driver checkpoint took 473 ms beside the write,
- * 418 ms without): after the driver's checkpoint; in a concurrent dump
+ * beside the driver's own work, which it slows down on an H200 (the
+ * driver's checkpoint of a process that released 16 GiB took 624 ms beside
+ * the write, 410-445 ms at 1 GiB; gpucr dump at 16 GiB kept the process
+ * 0.997 s instead of 1.102 s, same run, 2026-11-30): after the driver's checkpoint; in a concurrent dump
  * (left running) after its unlock, and only when the memory was copied on
  * the GPU at T (else the running process waits for the chunks it writes).
  * A dump left running that is not concurrent is not held: the process
@@ -539,11 +540,11 @@ static int cc_start(struct dump_op *op)
 
 /* ---- the image write held back until the driver is done ---------------- */
 
-static int env_on(const char *name)
+static int env_off(const char *name)
 {
 	const char *v = getenv(name);
 
-	return v && *v && strcmp(v, "0") != 0;
+	return v && !strcmp(v, "0");
 }
 
 static const char *drv_op_name(Gpucr__DriverOpKind op)
@@ -1027,7 +1028,7 @@ int dump_start(struct daemon *d, struct conn *c, const Gpucr__Msg *req, int dirf
 	op->t_start = now_ns();
 	if (dr->has_concurrent && dr->concurrent && dr->has_leave_running && dr->leave_running && cc_start(op) < 0)
 		pr_warn("pid %d: no concurrent dump (out of memory); it waits for its image", (int)p->pid);
-	if (dr->has_image_background && dr->image_background && env_on("GPUCR_WRITE_AFTER_DRIVER")) {
+	if (dr->has_image_background && dr->image_background && !env_off("GPUCR_WRITE_AFTER_DRIVER")) {
 		if (dr->has_leave_running && dr->leave_running && !op->cc) {
 			/* Left running but not concurrent: the process itself waits
 			 * for its image once the driver has put it back. */

@@ -203,11 +203,13 @@ fi
 # 7. the image written in the background (GPUCR_IMAGE_WAIT=0): CRIU does not
 # wait for it, a restore right away gets the retained memory (the image is
 # made slow on purpose), and the process maps it once the image is done.
-# With GPUCR_WRITE_AFTER_DRIVER=1 the write waits for the driver's
-# checkpoint, which the plugin asks for right after the release (the test
-# driver's checkpoint and restore made to take 0.3 s, like the driver's).
+# By default (GPUCR_WRITE_AFTER_DRIVER unset) the write waits for the
+# driver's checkpoint, which the plugin asks for right after the release
+# (the test driver's checkpoint and restore made to take 0.3 s, like the
+# driver's).
 stop_daemon
-GPUCR_WRITE_AFTER_DRIVER=1 GPUCR_LOG=debug FAKECUDA_CKPT_DELAY_MS=300 GPUCR_FI_IMAGE_DELAY_MS=1500 start_daemon
+unset GPUCR_WRITE_AFTER_DRIVER
+GPUCR_LOG=debug FAKECUDA_CKPT_DELAY_MS=300 GPUCR_FI_IMAGE_DELAY_MS=1500 start_daemon
 GPUCR_IMAGE_WAIT=0 flow background "" ""
 check_same background
 bgpid=$(cat "$W/background.dumped" 2>/dev/null)
@@ -229,7 +231,7 @@ first_lines() {
 read -r fpl ckl wrl <<<"$(first_lines "$bgpid" "fingerprints at T done" "driver checkpoint in" "D2H write started")"
 if grep -q "pid $bgpid: image write held back .* until the driver's checkpoint was done" "$W/gpucrd.log" &&
 	[ "$fpl" -gt 0 ] && [ "$fpl" -lt "$ckl" ] && [ "$ckl" -lt "$wrl" ]; then
-	ok "background: fingerprints, then the driver's checkpoint, then the image write (GPUCR_WRITE_AFTER_DRIVER=1)"
+	ok "background: fingerprints, then the driver's checkpoint, then the image write (gpucrd's default)"
 else
 	bad "background: the image write did not wait for the driver's checkpoint (lines $fpl $ckl $wrl)"
 	grep "pid $bgpid" "$W/gpucrd.log" | sed 's/^/    gpucrd| /'

@@ -66,6 +66,9 @@ struct proc {
 	                             * process until that connection's Wake or close */
 	int dump_err;               /* how its last dump's image failed (0: it did not) */
 	int escaped;                /* a write escaped prediction in one of its save epochs */
+	int remap_cut;              /* its shim did not answer a Remap/Resume in time: cut off */
+	int release_late;           /* a Release its shim did not answer in time may still be
+	                             * carried out: no new dump until it answers or goes */
 	char dump_msg[1024];
 	struct proc *next;
 };
@@ -97,12 +100,30 @@ int conn_reply_err(struct conn *c, uint64_t id, int err, const char *fmt, ...)
 typedef void (*conn_reply_cb)(struct conn *c, Gpucr__Msg *reply, int *fds, unsigned nfds, void *data);
 int conn_request(struct conn *c, Gpucr__Msg *m, const int *fds, unsigned nfds, conn_reply_cb cb,
 		 void *data);
+/* The same with a bound: past timeout_ms (0: none) cb runs with a reply
+ * made by gpucrd, which conn_reply_timed_out() tells apart (err -ETIMEDOUT,
+ * err_msg naming the request, the pid and the time). cb runs once either
+ * way. The peer's real reply, if it comes later, goes to late (with data
+ * NULL: whatever data pointed to may be gone by then; conn_proc() says
+ * whose it is), or is logged and dropped when late is NULL. */
+int conn_request_timed(struct conn *c, Gpucr__Msg *m, const int *fds, unsigned nfds, unsigned timeout_ms,
+		       conn_reply_cb cb, conn_reply_cb late, void *data);
+int conn_reply_timed_out(const Gpucr__Msg *reply);
+/* Closes c now (its pending requests' callbacks run with reply NULL). */
+void conn_shutdown(struct conn *c);
+/* ROLE_SHIM: the process c controls, or NULL. */
+struct proc *conn_proc(const struct conn *c);
+/* How long gpucrd waits for a shim's answer to a request, beyond any drain
+ * time the request itself gives it: GPUCR_SHIM_TIMEOUT_MS (default 30000). */
+unsigned shim_timeout_ms(void);
 uid_t conn_uid(const struct conn *c);
 pid_t conn_pid(const struct conn *c);
 /* Reference counting: a connection stays allocated (not open) while held. */
 void conn_hold(struct conn *c);
 void conn_put(struct conn *c);
 int conn_is_open(const struct conn *c);
+/* A duration from the environment in ms: def when unset or not a number. */
+unsigned env_ms(const char *name, unsigned def);
 /* Runs fn on a worker thread, then done on the loop. */
 int daemon_queue_work(struct daemon *d, void (*fn)(void *), void (*done)(void *, int), void *data);
 

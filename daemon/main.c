@@ -79,6 +79,23 @@ int daemon_queue_work(struct daemon *d, void (*fn)(void *), void (*done)(void *,
 	return r;
 }
 
+unsigned env_ms(const char *name, unsigned def)
+{
+	const char *s = getenv(name);
+	unsigned long v;
+	char *end;
+
+	if (!s || !*s)
+		return def;
+	errno = 0;
+	v = strtoul(s, &end, 10);
+	if (errno || *end || v > UINT32_MAX) {
+		pr_warn("%s=%s is not a number of milliseconds; using %u", name, s, def);
+		return def;
+	}
+	return (unsigned)v;
+}
+
 static void on_signal(uv_signal_t *h, int sig)
 {
 	struct daemon *d = h->data;
@@ -229,6 +246,11 @@ int main(int argc, char **argv)
 		chmod(d->socket_path, 0666);
 		d->owns_socket_path = 1;
 	}
+	/* libuv's pool has 4 threads by default. A driver call stuck in the
+	 * driver keeps its worker (driverop.c answers its requester, but cannot
+	 * take the thread back): more threads keep image writes and restores
+	 * from queueing behind a few such calls. Read at the first work queued. */
+	setenv("UV_THREADPOOL_SIZE", "16", 0);
 	d->loop = uv_default_loop();
 	r = server_start(d);
 	if (r < 0) {

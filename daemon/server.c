@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <stdarg.h>
 #include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -16,7 +17,12 @@
 struct pending {
 	uint64_t id;
 	conn_reply_cb cb;
+	conn_reply_cb late;         /* after expiry: gets the reply if it comes */
 	void *data;
+	uint64_t deadline;          /* now_ns() past which cb gets a timeout; 0: none */
+	unsigned timeout_ms;
+	int expired;                /* cb has run with the timeout */
+	const char *what;           /* the request's body name, for the message */
 	struct pending *next;
 };
 
@@ -27,6 +33,7 @@ struct conn {
 	int open;
 	struct pending *pending;
 	uv_poll_t poll;
+	uv_timer_t timer;           /* the next deadline among pending */
 	struct frame_rx rx;
 	struct peer_cred cred;
 	Gpucr__Role role;
@@ -51,6 +58,11 @@ pid_t conn_pid(const struct conn *c)
 int conn_is_open(const struct conn *c)
 {
 	return c->open;
+}
+
+struct proc *conn_proc(const struct conn *c)
+{
+	return c->proc;
 }
 
 void conn_hold(struct conn *c)
@@ -125,8 +137,68 @@ int conn_reply_err(struct conn *c, uint64_t id, int err, const char *fmt, ...)
 	return conn_send(c, &m, NULL, 0);
 }
 
-int conn_request(struct conn *c, Gpucr__Msg *m, const int *fds, unsigned nfds, conn_reply_cb cb,
-		 void *data)
+unsigned shim_timeout_ms(void)
+{
+	return env_ms("GPUCR_SHIM_TIMEOUT_MS", 30000);
+}
+
+static void arm_timer(struct conn *c);
+
+/* The timer: every pending request past its deadline gets a reply made
+ * here (no reply_to, err -ETIMEDOUT, a message naming what did not answer)
+ * and stays listed as expired, so that its real reply, if it ever comes,
+ * goes to its late callback or is dropped instead of being taken for a
+ * reply to something else. */
+static void on_timer(uv_timer_t *t)
+{
+	struct conn *c = t->data;
+	uint64_t now = now_ns();
+	struct pending *p;
+	int again;
+
+	conn_hold(c);
+	do {
+		again = 0;
+		for (p = c->pending; p && c->open; p = p->next) {
+			Gpucr__Msg m = GPUCR__MSG__INIT;
+			char text[256];
+
+			if (p->expired || !p->deadline || p->deadline > now)
+				continue;
+			p->expired = 1;
+			snprintf(text, sizeof(text), "pid %d's control thread did not answer %s within %u ms",
+				 (int)c->cred.pid, p->what, p->timeout_ms);
+			m.has_err = 1;
+			m.err = -ETIMEDOUT;
+			m.err_msg = text;
+			/* cb may add or close requests: walk again from the start. */
+			p->cb(c, &m, NULL, 0, p->data);
+			again = 1;
+			break;
+		}
+	} while (again && c->open);
+	if (c->open)
+		arm_timer(c);
+	conn_put(c);
+}
+
+static void arm_timer(struct conn *c)
+{
+	uint64_t next = 0, now = now_ns();
+	struct pending *p;
+
+	for (p = c->pending; p; p = p->next)
+		if (!p->expired && p->deadline && (!next || p->deadline < next))
+			next = p->deadline;
+	if (!next) {
+		uv_timer_stop(&c->timer);
+		return;
+	}
+	uv_timer_start(&c->timer, on_timer, next > now ? (next - now + 999999) / 1000000 : 0, 0);
+}
+
+int conn_request_timed(struct conn *c, Gpucr__Msg *m, const int *fds, unsigned nfds, unsigned timeout_ms,
+		       conn_reply_cb cb, conn_reply_cb late, void *data)
 {
 	struct pending *p;
 	int r;
@@ -136,7 +208,10 @@ int conn_request(struct conn *c, Gpucr__Msg *m, const int *fds, unsigned nfds, c
 		return -ENOMEM;
 	p->id = ++c->next_id;
 	p->cb = cb;
+	p->late = late;
 	p->data = data;
+	p->what = msg_body_name(m);
+	p->timeout_ms = timeout_ms;
 	m->has_id = 1;
 	m->id = p->id;
 	r = conn_send(c, m, fds, nfds);
@@ -144,9 +219,24 @@ int conn_request(struct conn *c, Gpucr__Msg *m, const int *fds, unsigned nfds, c
 		free(p);
 		return r;
 	}
+	if (timeout_ms)
+		p->deadline = now_ns() + (uint64_t)timeout_ms * 1000000ull;
 	p->next = c->pending;
 	c->pending = p;
+	if (timeout_ms)
+		arm_timer(c);
 	return 0;
+}
+
+int conn_request(struct conn *c, Gpucr__Msg *m, const int *fds, unsigned nfds, conn_reply_cb cb,
+		 void *data)
+{
+	return conn_request_timed(c, m, fds, nfds, 0, cb, NULL, data);
+}
+
+int conn_reply_timed_out(const Gpucr__Msg *reply)
+{
+	return reply && !reply->has_reply_to && reply->err == -ETIMEDOUT;
 }
 
 /* A reply to one of the daemon's own requests: hand it to its callback. */
@@ -157,8 +247,16 @@ static int on_reply(struct conn *c, Gpucr__Msg *rep, int *fds, unsigned nfds)
 	for (pp = &c->pending; (p = *pp); pp = &p->next)
 		if (p->id == rep->reply_to) {
 			*pp = p->next;
-			p->cb(c, rep, fds, nfds, p->data);
+			if (!p->expired)
+				p->cb(c, rep, fds, nfds, p->data);
+			else if (p->late)
+				p->late(c, rep, fds, nfds, NULL);
+			else
+				pr_info("pid %d: its answer to %s came after its %u ms had passed: ignored",
+					(int)c->cred.pid, p->what, p->timeout_ms);
 			free(p);
+			if (c->open)
+				arm_timer(c);
 			return 0;
 		}
 	pr_debug("pid %d: reply to unknown request %llu", (int)c->cred.pid,
@@ -210,9 +308,14 @@ static int on_hello(struct conn *c, Gpucr__Msg *req)
 		if (old && !old->shim && !restored && (old->nbufs || registry_keeps(old)) && !old->busy && !old->dump) {
 			/* A new process under the pid of a dumped one: the memory
 			 * kept for that one is not this one's. */
-			pr_warn("pid %d: a new process took the pid of dumped '%s'; freeing the %llu MiB kept for "
-				"it (its image, if written, is still there)",
-				(int)c->cred.pid, old->comm, (unsigned long long)(old->bytes >> 20));
+			if (old->remap_cut)
+				pr_info("pid %d (%s): back running after its remap was cut off: it mapped its memory "
+					"itself; freeing gpucrd's hold on it",
+					(int)c->cred.pid, old->comm);
+			else
+				pr_warn("pid %d: a new process took the pid of dumped '%s'; freeing the %llu MiB kept "
+					"for it (its image, if written, is still there)",
+					(int)c->cred.pid, old->comm, (unsigned long long)(old->bytes >> 20));
 			registry_drop(c->d, old);
 		}
 		c->proc = registry_attach(c->d, c->cred.pid, c->cred.uid, h->comm);
@@ -417,16 +520,19 @@ static void on_readable(uv_poll_t *h, int status, int events)
 	int r;
 
 	(void)events;
-	if (status < 0) {
-		conn_close(c);
-		return;
-	}
+	/* An error on the socket (libuv stops the handle): a peer that closed
+	 * with messages of ours unread leaves ECONNRESET, e.g. a shim that
+	 * carried out a Release late and closed with the Resume sent after it
+	 * unread. What it sent before that (the release's answer) is still
+	 * there: read it, then close. */
 	for (;;) {
 		r = frame_rx_read(&c->rx, c->fd);
+		if (r == -EAGAIN && status < 0)
+			r = -EPIPE;
 		if (r == -EAGAIN)
 			return;
 		if (r < 0) {
-			if (r != -EPIPE)
+			if (r != -EPIPE && r != -ECONNRESET)
 				pr_warn("client pid %d: %s; closing its connection", (int)c->cred.pid,
 					r == -EPROTO ? "malformed frame" : strerror(-r));
 			conn_close(c);
@@ -480,7 +586,8 @@ static void conn_close(struct conn *c)
 	/* Requests the peer will never answer now. */
 	while ((p = c->pending)) {
 		c->pending = p->next;
-		p->cb(c, NULL, NULL, 0, p->data);
+		if (!p->expired) /* an expired one has had its answer */
+			p->cb(c, NULL, NULL, 0, p->data);
 		free(p);
 	}
 
@@ -497,6 +604,13 @@ static void conn_close(struct conn *c)
 	registry_forget_conn(c->d, c);
 	uv_poll_stop(&c->poll);
 	uv_close((uv_handle_t *)&c->poll, on_closed);
+	uv_timer_stop(&c->timer);
+	uv_close((uv_handle_t *)&c->timer, on_closed);
+}
+
+void conn_shutdown(struct conn *c)
+{
+	conn_close(c);
 }
 
 static void on_accept(uv_poll_t *h, int status, int events)
@@ -522,7 +636,7 @@ static void on_accept(uv_poll_t *h, int status, int events)
 	}
 	c->d = d;
 	c->fd = fd;
-	c->refs = 1;
+	c->refs = 2; /* the poll handle's and the timer's, each put when closed */
 	c->open = 1;
 	frame_rx_init(&c->rx);
 	if (sock_peer_cred(fd, &c->cred) < 0) {
@@ -534,6 +648,8 @@ static void on_accept(uv_poll_t *h, int status, int events)
 	setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
 	uv_poll_init(d->loop, &c->poll, fd);
 	c->poll.data = c;
+	uv_timer_init(d->loop, &c->timer);
+	c->timer.data = c;
 	uv_poll_start(&c->poll, UV_READABLE | UV_DISCONNECT, on_readable);
 	c->next = d->conns;
 	d->conns = c;

@@ -122,6 +122,7 @@ struct dump_op {
 	int answer_at_detach;       /* released: the requester is answered once the shim has gone */
 	int finish_at_detach;       /* done before that: finished then */
 	int asked;                  /* ChunksSaved{all, escaped} sent: the epoch is over */
+	unsigned drain_ms;          /* the drain time the quiesce gave the shim */
 };
 
 static void answer_requester(struct dump_op *op)
@@ -221,6 +222,16 @@ static void op_finish(struct dump_op *op)
 	op_free(op);
 }
 
+static void on_resume_answer(struct conn *c, Gpucr__Msg *rep, int *fds, unsigned nfds, void *data)
+{
+	(void)fds;
+	(void)nfds;
+	(void)data;
+	if (rep && rep->err)
+		pr_warn("pid %d: resume after a failed dump: %s", (int)conn_pid(c),
+			rep->err_msg ? rep->err_msg : gpucr_strerror(rep->err));
+}
+
 static void send_resume(struct proc *p)
 {
 	Gpucr__Msg m = GPUCR__MSG__INIT;
@@ -230,8 +241,10 @@ static void send_resume(struct proc *p)
 		return;
 	m.body_case = GPUCR__MSG__BODY_RESUME;
 	m.resume = &rs;
-	/* No answer is awaited: the gate reopens either way. */
-	conn_send(p->shim, &m, NULL, 0);
+	/* A request (with an id): the shim takes a message without one for a
+	 * notice and drops it, which left the gate closed. Nothing waits for
+	 * the answer; a shim that does not give one is only logged. */
+	conn_request_timed(p->shim, &m, NULL, 0, shim_timeout_ms(), on_resume_answer, NULL, NULL);
 }
 
 /* Failure before the release: the process goes on as it was. */
@@ -249,10 +262,37 @@ static void fail_early(struct dump_op *op, int err, const char *fmt, ...)
 	pr_err("%s", op->msg);
 	if (op->p) {
 		op->p->state = GPUCR__PROC_STATE__PROC_RUNNING;
+		/* A dump that failed leaves CRIU nothing to work on: a shim
+		 * that released late may come back right away. */
+		if (op->p->cr_conn == op->req_conn)
+			op->p->cr_conn = NULL;
 		send_resume(op->p);
 	}
 	op_finish(op);
 }
+
+/* The shim's own drain bound plus GPUCR_SHIM_TIMEOUT_MS (0: no bound). */
+static unsigned shim_bound(uint64_t drain_ms)
+{
+	uint64_t t = shim_timeout_ms();
+
+	if (!t)
+		return 0;
+	t += drain_ms;
+	return t > UINT32_MAX ? UINT32_MAX : (unsigned)t;
+}
+
+/* The shim drains once more before it releases, for at most 10 s
+ * (libintercept/control.c, CTL_RELEASE_DRAIN_MS), after a quiesce that
+ * drained everything: the release is allowed no more drain time than the
+ * quiesce was. A shorter bound is safe, only less exact: a release
+ * answered late is handled (on_release_late). */
+#define SHIM_RELEASE_DRAIN_MS 10000
+
+/* What a user can make of a shim that does not answer. */
+#define SHIM_STUCK_HINT                                                                                    \
+	"is the process stopped (SIGSTOP, a debugger) or its control thread stuck in a CUDA call? "         \
+	"Raise GPUCR_SHIM_TIMEOUT_MS if it is only slow"
 
 /* ---- concurrent dumps --------------------------------------------------- */
 
@@ -738,8 +778,9 @@ static void on_suspects(struct conn *c, Gpucr__Msg *rep, int *fds, unsigned nfds
 		append_suspects(op, rep->suspects);
 	else
 		snprintf(op->msg + strlen(op->msg), sizeof(op->msg) - strlen(op->msg),
-			 "; the process did not name the functions it launched since the cut%s",
-			 rep ? "" : " (its connection closed)");
+			 "; the process did not name the functions it launched since the cut%s%s%s",
+			 !rep ? " (its connection closed)" : conn_reply_timed_out(rep) ? " (" : "",
+			 conn_reply_timed_out(rep) ? rep->err_msg : "", conn_reply_timed_out(rep) ? ")" : "");
 	write_finish(op);
 }
 
@@ -760,7 +801,8 @@ static int ask_suspects(struct dump_op *op)
 	m.chunks_saved = &cs;
 	/* p->save_epoch stays: a Resume answer still on its way comes first
 	 * (one connection, in order) and is handled as usual. */
-	if (conn_request(p->shim, &m, NULL, 0, on_suspects, op) < 0)
+	/* Bounded: the dump's waiters wait for this answer. */
+	if (conn_request_timed(p->shim, &m, NULL, 0, shim_bound(0), on_suspects, NULL, op) < 0)
 		return -ECONNRESET;
 	op->asked = 1;
 	return 0;
@@ -850,6 +892,20 @@ static void on_release_reply(struct conn *c, Gpucr__Msg *rep, int *fds, unsigned
 			   (int)op->pid);
 		return;
 	}
+	if (conn_reply_timed_out(rep)) {
+		/* The Release is in its socket: the shim may still carry it out
+		 * when it runs again (on_release_late). gpucrd holds the memory
+		 * either way (taken over), so it is not lost; the Resume that
+		 * fail_early sends comes after the Release, and opens the gate
+		 * if the shim does not release. */
+		p->release_late = 1;
+		fail_early(op, -ETIMEDOUT,
+			   "pid %d: release: %s (its drain time plus GPUCR_SHIM_TIMEOUT_MS); " SHIM_STUCK_HINT
+			   ". The dump is abandoned; the process keeps its GPU memory, or gets it back from gpucrd "
+			   "if it releases it late",
+			   (int)op->pid, rep->err_msg);
+		return;
+	}
 	if (rep->err) {
 		fail_early(op, rep->err, "pid %d: release failed: %s", (int)op->pid,
 			   rep->err_msg ? rep->err_msg : gpucr_strerror(rep->err));
@@ -875,6 +931,31 @@ static void on_release_reply(struct conn *c, Gpucr__Msg *rep, int *fds, unsigned
 		snprintf(op->msg, sizeof(op->msg), "cannot start writing the image");
 		op_finish(op);
 	}
+}
+
+/* The shim's answer to a Release whose dump gave up on it (above). */
+static void on_release_late(struct conn *c, Gpucr__Msg *rep, int *fds, unsigned nfds, void *data)
+{
+	struct proc *p = conn_proc(c);
+
+	(void)fds;
+	(void)nfds;
+	(void)data;
+	if (!p)
+		return;
+	p->release_late = 0;
+	if (rep->err) {
+		pr_info("pid %d (%s): its late answer to the release: %s; it runs on with its memory", (int)p->pid,
+			p->comm, rep->err_msg ? rep->err_msg : gpucr_strerror(rep->err));
+		return;
+	}
+	/* Released: its connection closes next, and only gpucrd's hold keeps
+	 * the memory. As released it is kept through the detach, and mapped
+	 * back when the shim reconnects (restored). */
+	p->state = GPUCR__PROC_STATE__PROC_RELEASED;
+	pr_warn("pid %d (%s): released its GPU memory after its dump had given up on it; it gets it back when "
+		"its control thread reconnects",
+		(int)p->pid, p->comm);
 }
 
 static void takeover_work(void *data)
@@ -917,7 +998,8 @@ static void takeover_done(void *data, int status)
 	op->phase = PH_RELEASE;
 	m.body_case = GPUCR__MSG__BODY_RELEASE;
 	m.release = &rel;
-	r = conn_request(op->p->shim, &m, NULL, 0, on_release_reply, op);
+	r = conn_request_timed(op->p->shim, &m, NULL, 0, shim_bound(op->drain_ms < SHIM_RELEASE_DRAIN_MS ? op->drain_ms : SHIM_RELEASE_DRAIN_MS), on_release_reply,
+			       on_release_late, op);
 	if (r < 0)
 		fail_early(op, r, "pid %d: cannot ask for release: %s", (int)op->pid, strerror(-r));
 }
@@ -961,6 +1043,16 @@ static void on_quiesce_reply(struct conn *c, Gpucr__Msg *rep, int *fds, unsigned
 	if (!rep) {
 		fail_early(op, -ECONNRESET, "pid %d: the process's control connection closed during quiesce",
 			   (int)op->pid);
+		return;
+	}
+	if (conn_reply_timed_out(rep)) {
+		/* The Resume fail_early sends comes after the Quiesce: a shim
+		 * that runs again quiesces (its late answer is dropped), then
+		 * opens its gate. */
+		fail_early(op, -ETIMEDOUT,
+			   "pid %d: cannot quiesce: %s (its drain time plus GPUCR_SHIM_TIMEOUT_MS); " SHIM_STUCK_HINT
+			   ". The dump is abandoned; the process runs on",
+			   (int)op->pid, rep->err_msg);
 		return;
 	}
 	if (rep->err) {
@@ -1007,6 +1099,13 @@ int dump_start(struct daemon *d, struct conn *c, const Gpucr__Msg *req, int dirf
 			       "pid %u is still getting its GPU memory back after its previous dump; try again in a moment",
 			       dr->pid);
 		return -EAGAIN;
+	}
+	if (p->release_late) {
+		conn_reply_err(c, id, -EBUSY,
+			       "pid %u has not answered the release of its previous dump, which timed out; it may "
+			       "still release its memory: try again once it runs (is it stopped?)",
+			       dr->pid);
+		return -EBUSY;
 	}
 	if (p->state != GPUCR__PROC_STATE__PROC_RUNNING || !p->shim) {
 		conn_reply_err(c, id, -EBUSY, "pid %u is not running under gpucr right now (state %d)",
@@ -1061,10 +1160,11 @@ int dump_start(struct daemon *d, struct conn *c, const Gpucr__Msg *req, int dirf
 		(unsigned long long)p->nbufs);
 	q.has_timeout_ms = 1;
 	q.timeout_ms = dr->has_timeout_ms ? dr->timeout_ms : 10000;
+	op->drain_ms = q.timeout_ms;
 	m.body_case = GPUCR__MSG__BODY_QUIESCE;
 	m.quiesce = &q;
 	op->phase = PH_QUIESCE;
-	r = conn_request(p->shim, &m, NULL, 0, on_quiesce_reply, op);
+	r = conn_request_timed(p->shim, &m, NULL, 0, shim_bound(q.timeout_ms), on_quiesce_reply, NULL, op);
 	if (r < 0) {
 		op->dirfd = -1; /* the caller keeps it on failure */
 		fail_early(op, r, "pid %d: cannot reach its control thread: %s", (int)p->pid, strerror(-r));

@@ -353,15 +353,35 @@ int restore_start(struct daemon *d, struct conn *c, const Gpucr__Msg *req, int d
 	return 0;
 }
 
+/* The shim did not answer a Remap or Resume in time: the connection is
+ * closed, so that the process's state in gpucrd does not stay RESTORING
+ * for ever. Nothing is lost: what was sent is still in its socket. A shim
+ * that runs again reads it, then the close: with its memory not all mapped
+ * (still released) it reconnects as restored and is sent its memory again
+ * (gpucrd keeps it: RESTORING); with everything mapped its gate reopens on
+ * the close and it runs on, then reconnects as a running process. */
+static void cut_off(struct proc *p, struct conn *c, const Gpucr__Msg *rep)
+{
+	pr_err("pid %d (%s): %s (GPUCR_SHIM_TIMEOUT_MS): is the process stopped (SIGSTOP, a debugger) or its "
+	       "control thread stuck in a CUDA call? Its connection is closed; gpucrd keeps its GPU memory and "
+	       "sends it again when it reconnects",
+	       (int)p->pid, p->comm, rep->err_msg);
+	p->remap_cut = 1;
+	conn_shutdown(c);
+}
+
 static void on_resume_reply(struct conn *c, Gpucr__Msg *rep, int *fds, unsigned nfds, void *data)
 {
 	struct proc *p = data;
 
-	(void)c;
 	(void)fds;
 	(void)nfds;
 	if (!rep)
 		return; /* the process went away; registry_detach handles it */
+	if (conn_reply_timed_out(rep)) {
+		cut_off(p, c, rep);
+		return;
+	}
 	if (rep->err) {
 		pr_err("pid %d: resume failed: %s", (int)p->pid, rep->err_msg ? rep->err_msg : "?");
 		dump_save_epoch_answered(p, 0);
@@ -369,6 +389,7 @@ static void on_resume_reply(struct conn *c, Gpucr__Msg *rep, int *fds, unsigned 
 	}
 	dump_save_epoch_answered(p, 1);
 	p->state = GPUCR__PROC_STATE__PROC_RUNNING;
+	p->remap_cut = 0;
 	if (p->t_restore)
 		pr_info("pid %d (%s): running again with %llu MiB of GPU memory in place (%.1f ms after the restore "
 			"request)",
@@ -388,7 +409,7 @@ static int resume_restored(struct proc *p, struct conn *c)
 	rs.has_save_epoch = rs.save_epoch = dump_resume_save_epoch(p);
 	m.body_case = GPUCR__MSG__BODY_RESUME;
 	m.resume = &rs;
-	return conn_request(c, &m, NULL, 0, on_resume_reply, p);
+	return conn_request_timed(c, &m, NULL, 0, shim_timeout_ms(), on_resume_reply, NULL, p);
 }
 
 static void on_remap_reply(struct conn *c, Gpucr__Msg *rep, int *fds, unsigned nfds, void *data)
@@ -399,6 +420,10 @@ static void on_remap_reply(struct conn *c, Gpucr__Msg *rep, int *fds, unsigned n
 	(void)nfds;
 	if (!rep)
 		return;
+	if (conn_reply_timed_out(rep)) {
+		cut_off(p, c, rep);
+		return;
+	}
 	if (rep->err) {
 		pr_err("pid %d: remapping its GPU memory failed: %s", (int)p->pid,
 		       rep->err_msg ? rep->err_msg : gpucr_strerror(rep->err));
@@ -474,7 +499,9 @@ void restore_shim_reattached(struct daemon *d, struct proc *p, struct conn *c)
 			rm.last = b->next == NULL;
 			m.body_case = GPUCR__MSG__BODY_REMAP;
 			m.remap = &rm;
-			r = conn_request(c, &m, fds, (unsigned)nb, on_remap_reply, p);
+			/* Importing and mapping a batch is quick; the bound is
+			 * for a shim that does not run at all. */
+			r = conn_request_timed(c, &m, fds, (unsigned)nb, shim_timeout_ms(), on_remap_reply, NULL, p);
 			if (r < 0) {
 				pr_err("pid %d: cannot send its memory back: %s", (int)p->pid, strerror(-r));
 				return;

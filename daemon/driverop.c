@@ -1,7 +1,20 @@
 /* Owns the driver's checkpoint API calls (cuCheckpointProcess*) that gpucrd
  * makes for the CRIU plugin: lock, checkpoint, restore, unlock, state and
  * restore thread of a process, whether or not it runs under gpucr. They can
- * block (lock waits for the GPU work in flight), so they run on a worker. */
+ * block (lock waits for the GPU work in flight), so they run on a worker.
+ *
+ * Bounds. Only the lock takes a timeout from the driver; a checkpoint or
+ * restore of a process holding tens of GiB takes a minute on the stock
+ * path, and a wedged driver never returns. A call still inside the driver
+ * GPUCR_DRIVER_TIMEOUT_MS (default 300000) past the time it was given (the
+ * lock's timeout; 0 for the others) is answered with -ETIMEDOUT; the worker
+ * cannot be cancelled, so the call is left to finish, and until it does
+ * every other driver call for that pid is refused (-EBUSY) rather than
+ * queued behind it. When it returns, its result, which nobody waits for
+ * any more, is undone where it changed the process, so that the process
+ * ends as its requester was told it is (the call failed): a late lock is
+ * unlocked, a late checkpoint restored and unlocked, a late restore
+ * unlocked. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,7 +40,18 @@ struct drv_job {
 	Gpucr__DriverState state;
 	int tid;
 	uint64_t ns;
+	uv_timer_t timer;
+	unsigned bound_ms;          /* 0: no bound */
+	int expired;                /* the requester was told it timed out */
+	int skipped;                /* expired before a worker took it: not made */
+	int undo;                   /* gpucrd's own call, putting a process back */
+	struct drv_job *next;       /* in_flight */
 };
+
+/* Every call queued or inside the driver (loop only). */
+static struct drv_job *in_flight;
+
+static void drv_queue(struct drv_job *j);
 
 static const char *op_name(Gpucr__DriverOpKind op)
 {
@@ -81,6 +105,12 @@ static void drv_work(void *data)
 		snprintf(j->msg, sizeof(j->msg), "unknown driver operation %d", (int)j->op);
 		return;
 	}
+	/* Its requester gave up while it waited for a worker (behind calls
+	 * stuck in the driver): a call nobody waits for is not made. */
+	if (__atomic_load_n(&j->expired, __ATOMIC_ACQUIRE)) {
+		j->skipped = 1;
+		return;
+	}
 	t0 = now_ns();
 	cr = cudrv_ckpt_op(drv, j->pid, (enum cudrv_ckpt_op)j->op, j->timeout_ms, &st, &j->tid);
 	if (cr == CUDA_SUCCESS && j->op == GPUCR__DRIVER_OP_KIND__DRV_GET_STATE)
@@ -96,6 +126,59 @@ static void drv_work(void *data)
 	}
 }
 
+static void drv_free(uv_handle_t *h)
+{
+	struct drv_job *j = h->data;
+
+	if (j->c)
+		conn_put(j->c);
+	free(j);
+}
+
+static void in_flight_remove(struct drv_job *j)
+{
+	struct drv_job **pp;
+
+	for (pp = &in_flight; *pp; pp = &(*pp)->next)
+		if (*pp == j) {
+			*pp = j->next;
+			break;
+		}
+}
+
+/* A call gpucrd makes itself (no requester, no bound). */
+static void undo_start(struct daemon *d, int pid, Gpucr__DriverOpKind op)
+{
+	struct drv_job *j = calloc(1, sizeof(*j));
+
+	if (!j) {
+		pr_err("pid %d: out of memory: cannot make the driver %s that puts it back", pid, op_name(op));
+		return;
+	}
+	j->d = d;
+	j->pid = pid;
+	j->op = op;
+	j->undo = 1;
+	pr_warn("pid %d: driver %s, to put it back as its requester was told it is", pid, op_name(op));
+	drv_queue(j);
+}
+
+/* What a late call's success changed, undone (see the top of the file). */
+static void undo_late(struct drv_job *j)
+{
+	switch (j->op) {
+	case GPUCR__DRIVER_OP_KIND__DRV_LOCK:
+	case GPUCR__DRIVER_OP_KIND__DRV_RESTORE:
+		undo_start(j->d, j->pid, GPUCR__DRIVER_OP_KIND__DRV_UNLOCK);
+		break;
+	case GPUCR__DRIVER_OP_KIND__DRV_CHECKPOINT:
+		undo_start(j->d, j->pid, GPUCR__DRIVER_OP_KIND__DRV_RESTORE);
+		break;
+	default:
+		break;
+	}
+}
+
 static void drv_done(void *data, int status)
 {
 	struct drv_job *j = data;
@@ -103,7 +186,26 @@ static void drv_done(void *data, int status)
 	Gpucr__Msg m = GPUCR__MSG__INIT;
 
 	(void)status;
-	if (j->err) {
+	in_flight_remove(j);
+	uv_timer_stop(&j->timer);
+	if (j->undo) {
+		if (j->err) {
+			pr_err("%s; it could not be put back", j->msg);
+		} else {
+			pr_info("pid %d: driver %s done (%.1f ms): put back", j->pid, op_name(j->op), j->ns / 1e6);
+			if (j->op == GPUCR__DRIVER_OP_KIND__DRV_RESTORE)
+				undo_start(j->d, j->pid, GPUCR__DRIVER_OP_KIND__DRV_UNLOCK);
+		}
+	} else if (j->expired && j->skipped) {
+		pr_info("pid %d: driver %s not made: its requester had given up on it", j->pid, op_name(j->op));
+	} else if (j->expired) {
+		/* Its requester was told it failed: the process is put back to
+		 * match, whatever the driver did. */
+		pr_warn("pid %d: driver %s returned after %.1f s, past its bound of %u ms: %s", j->pid,
+			op_name(j->op), j->ns / 1e9, j->bound_ms, j->err ? j->msg : "done; undoing it");
+		if (!j->err)
+			undo_late(j);
+	} else if (j->err) {
 		if (j->op != GPUCR__DRIVER_OP_KIND__DRV_GET_RESTORE_TID &&
 		    j->op != GPUCR__DRIVER_OP_KIND__DRV_GET_STATE)
 			pr_err("%s", j->msg);
@@ -121,10 +223,49 @@ static void drv_done(void *data, int status)
 		conn_reply(j->c, j->id, &m, NULL, 0);
 	}
 	/* After the line above: a GPU run's log shows the driver done first,
-	 * then the image write it held back. */
-	dump_driver_op_done(registry_find(j->d, (pid_t)j->pid), j->op, j->err);
-	conn_put(j->c);
-	free(j);
+	 * then the image write it held back. An expired call told the dump
+	 * already, and the pid's dump may be another one by now. */
+	if (!j->undo && !j->expired)
+		dump_driver_op_done(registry_find(j->d, (pid_t)j->pid), j->op, j->err);
+	uv_close((uv_handle_t *)&j->timer, drv_free);
+}
+
+static void on_drv_timeout(uv_timer_t *t)
+{
+	struct drv_job *j = t->data;
+
+	__atomic_store_n(&j->expired, 1, __ATOMIC_RELEASE);
+	pr_err("pid %d: driver %s did not return within %u ms (GPUCR_DRIVER_TIMEOUT_MS); its requester is told "
+	       "so, and the call is left to finish",
+	       j->pid, op_name(j->op), j->bound_ms);
+	conn_reply_err(j->c, j->id, -ETIMEDOUT,
+		       "pid %d: the driver's %s did not return within %u ms (GPUCR_DRIVER_TIMEOUT_MS, beyond the "
+		       "time the call was given): the driver is stuck, or slow with a process holding much GPU "
+		       "memory (raise the bound then). gpucrd makes no other driver call for this pid until it "
+		       "returns, then puts the process back as before the call",
+		       j->pid, op_name(j->op), j->bound_ms);
+	/* The image write a dump holds back for this call need not wait. */
+	dump_driver_op_done(registry_find(j->d, (pid_t)j->pid), j->op, -ETIMEDOUT);
+}
+
+static void drv_queue(struct drv_job *j)
+{
+	uv_loop_t *loop = j->d->loop;
+
+	uv_timer_init(loop, &j->timer);
+	j->timer.data = j;
+	if (daemon_queue_work(j->d, drv_work, drv_done, j) < 0) {
+		if (j->c)
+			conn_reply_err(j->c, j->id, -ENOMEM, "cannot queue the driver operation");
+		else
+			pr_err("pid %d: cannot queue the driver %s", j->pid, op_name(j->op));
+		uv_close((uv_handle_t *)&j->timer, drv_free);
+		return;
+	}
+	j->next = in_flight;
+	in_flight = j;
+	if (j->bound_ms)
+		uv_timer_start(&j->timer, on_drv_timeout, j->bound_ms, 0);
 }
 
 int driver_op(struct daemon *d, struct conn *c, const Gpucr__Msg *req)
@@ -132,6 +273,7 @@ int driver_op(struct daemon *d, struct conn *c, const Gpucr__Msg *req)
 	const Gpucr__DriverOp *o = req->driver_op;
 	uint64_t id = req->has_id ? req->id : 0;
 	struct drv_job *j;
+	uint64_t bound;
 	char path[64];
 	struct stat st;
 
@@ -140,6 +282,14 @@ int driver_op(struct daemon *d, struct conn *c, const Gpucr__Msg *req)
 		return conn_reply_err(c, id, -ESRCH, "pid %u: no such process", o->pid);
 	if (conn_uid(c) != 0 && conn_uid(c) != st.st_uid)
 		return conn_reply_err(c, id, -EPERM, "pid %u is not yours", o->pid);
+	for (j = in_flight; j; j = j->next)
+		if (j->pid == (int)o->pid && (j->expired || j->undo))
+			return conn_reply_err(c, id, -EBUSY,
+					      "pid %u: the driver's %s of it %s; no other driver call is made for it "
+					      "until that returns (is the driver stuck?)",
+					      o->pid, op_name(j->op),
+					      j->undo ? "that puts it back after a late call is still running" :
+							"timed out and has not returned yet");
 	j = calloc(1, sizeof(*j));
 	if (!j)
 		return conn_reply_err(c, id, -ENOMEM, "out of memory");
@@ -149,12 +299,12 @@ int driver_op(struct daemon *d, struct conn *c, const Gpucr__Msg *req)
 	j->pid = (int)o->pid;
 	j->op = o->op;
 	j->timeout_ms = o->has_timeout_ms ? o->timeout_ms : 10000;
+	bound = env_ms("GPUCR_DRIVER_TIMEOUT_MS", 300000);
+	if (bound && j->op == GPUCR__DRIVER_OP_KIND__DRV_LOCK)
+		bound += j->timeout_ms;
+	j->bound_ms = bound > UINT32_MAX ? UINT32_MAX : (unsigned)bound;
 	conn_hold(c);
-	if (daemon_queue_work(d, drv_work, drv_done, j) < 0) {
-		conn_put(c);
-		free(j);
-		return conn_reply_err(c, id, -ENOMEM, "cannot queue the driver operation");
-	}
+	drv_queue(j);
 	return 0;
 }
 

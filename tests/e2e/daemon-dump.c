@@ -8,7 +8,12 @@
  * giving an error and no image that looks complete; with
  * GPUCR_WRITE_AFTER_DRIVER=1, the image write of a dump nothing waits for
  * held back until the driver's checkpoint (this program plays the CRIU
- * plugin), or a DumpWait, or the timeout when no driver call comes. */
+ * plugin), or a DumpWait, or the timeout when no driver call comes; the
+ * bounds on waits for a peer: a shim that stops answering the quiesce, the
+ * release or the remap (the requester told within GPUCR_SHIM_TIMEOUT_MS,
+ * the process's memory intact and back in place once it runs again), and a
+ * driver checkpoint slower than GPUCR_DRIVER_TIMEOUT_MS (answered in time,
+ * later calls for the pid refused, the late checkpoint undone). */
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -42,8 +47,11 @@ static CUmemGenericAllocationHandle handles[NBUF];
 static int mapped;
 static uint8_t uuid[16];
 
-static sem_t reconnect_sem, resumed_sem;
+static sem_t reconnect_sem, resumed_sem, stalled_sem, unstall_sem;
 static volatile int slow_quiesce, shim_quit;
+/* A request kind the shim stops at, as if its control thread were stopped,
+ * until unstall_sem: once (0: none). */
+static volatile int stall_on;
 
 /* ---- the application's memory ------------------------------------------ */
 
@@ -143,6 +151,15 @@ static int shim_connect(int restored)
 	m.hello = &h;
 	REQUIRE(msg_send(fd, &m, NULL, 0) == 0);
 	REQUIRE(msg_recv(fd, &rep, NULL, 0, NULL) == 0);
+	if ((rep->err == -EBUSY || rep->err == -EAGAIN) && i < 300) {
+		/* Its last connection is not closed yet in gpucrd, or CRIU
+		 * (here: the dump's requester) is not done: again, as the shim
+		 * does. */
+		msg_free(rep);
+		close(fd);
+		usleep(10000);
+		return shim_connect(restored);
+	}
 	REQUIRE(rep->err == 0);
 	msg_free(rep);
 	return fd;
@@ -174,6 +191,8 @@ static void send_buffers(int fd)
 	}
 }
 
+/* A reply that finds the connection closed (gpucrd cut off a shim that
+ * answered too late) is lost, as the shim's is. */
 static void reply(int fd, uint64_t id, int err)
 {
 	Gpucr__Msg m = GPUCR__MSG__INIT;
@@ -182,7 +201,7 @@ static void reply(int fd, uint64_t id, int err)
 	m.reply_to = id;
 	m.has_err = 1;
 	m.err = err;
-	REQUIRE(msg_send(fd, &m, NULL, 0) == 0);
+	msg_send(fd, &m, NULL, 0);
 }
 
 static void *shim_main(void *arg)
@@ -197,13 +216,22 @@ static void *shim_main(void *arg)
 		int r = msg_recv(fd, &req, rfds, FRAME_MAX_FDS, &nfds);
 
 		if (r < 0) {
-			/* daemon gone: wait to be told to reconnect */
+			/* daemon gone, or it cut this connection off: wait to be
+			 * told to reconnect; as restored while the memory is not
+			 * mapped, else as running, reporting the buffers again. */
 			close(fd);
 			sem_wait(&reconnect_sem);
 			if (shim_quit)
 				break;
-			fd = shim_connect(1);
+			fd = shim_connect(!mapped);
+			if (mapped)
+				send_buffers(fd);
 			continue;
+		}
+		if (stall_on && (int)req->body_case == stall_on) {
+			stall_on = 0;
+			sem_post(&stalled_sem);
+			sem_wait(&unstall_sem);
 		}
 		switch (req->body_case) {
 		case GPUCR__MSG__BODY_QUIESCE:
@@ -293,6 +321,9 @@ static void start_daemon(void)
 		 * the log (debug: timestamps) shows when each write started. */
 		setenv("GPUCR_WRITE_AFTER_DRIVER", "1", 1);
 		setenv("GPUCR_WRITE_AFTER_DRIVER_TIMEOUT_MS", "1000", 1);
+		/* Small bounds, so that step 10 is quick: the quiesce allows
+		 * its drain time plus this, the release the same. */
+		setenv("GPUCR_SHIM_TIMEOUT_MS", "1000", 1);
 		setenv("GPUCR_LOG", "debug", 1);
 		execl(daemon_bin, daemon_bin, "--socket", sockpath, "--log", logpath, (char *)NULL);
 		_exit(127);
@@ -354,15 +385,23 @@ static Gpucr__Msg *call(int fd, Gpucr__Msg *m, int pass_fd)
 
 static pid_t app_pid;
 
-static Gpucr__Msg *dump(int fd, int dirfd)
+/* A dump whose quiesce gives the shim drain_ms (0: the default). */
+static Gpucr__Msg *dump_drain(int fd, int dirfd, unsigned drain_ms)
 {
 	Gpucr__Msg m = GPUCR__MSG__INIT;
 	Gpucr__DumpRequest d = GPUCR__DUMP_REQUEST__INIT;
 
 	d.pid = (uint32_t)app_pid;
+	d.has_timeout_ms = drain_ms != 0;
+	d.timeout_ms = drain_ms;
 	m.body_case = GPUCR__MSG__BODY_DUMP;
 	m.dump = &d;
 	return call(fd, &m, dirfd);
+}
+
+static Gpucr__Msg *dump(int fd, int dirfd)
+{
+	return dump_drain(fd, dirfd, 0);
 }
 
 /* A dump that nothing waits for (GPUCR_IMAGE_WAIT=0 in the plugin). */
@@ -381,8 +420,9 @@ static Gpucr__Msg *dump_background(int fd, int dirfd, int leave_running)
 	return call(fd, &m, dirfd);
 }
 
-/* A driver operation on this process through gpucrd, as the plugin asks. */
-static int driver_op(int fd, Gpucr__DriverOpKind op)
+/* A driver operation on this process through gpucrd, as the plugin asks;
+ * its error message into msg (if not NULL). */
+static int driver_op_msg(int fd, Gpucr__DriverOpKind op, char *msg, size_t len)
 {
 	Gpucr__Msg m = GPUCR__MSG__INIT, *r;
 	Gpucr__DriverOp o = GPUCR__DRIVER_OP__INIT;
@@ -398,8 +438,24 @@ static int driver_op(int fd, Gpucr__DriverOpKind op)
 	err = r->err;
 	if (err)
 		fprintf(stderr, "driver operation %d: %s\n", (int)op, r->err_msg ? r->err_msg : "");
+	if (msg)
+		snprintf(msg, len, "%s", r->err_msg ? r->err_msg : "");
 	msg_free(r);
 	return err;
+}
+
+static int driver_op(int fd, Gpucr__DriverOpKind op)
+{
+	return driver_op_msg(fd, op, NULL, 0);
+}
+
+/* The driver's state of this process, asked of the test driver directly. */
+static int fake_state(void)
+{
+	CUprocessState st = CU_PROCESS_STATE_RUNNING;
+
+	REQUIRE(cuCheckpointProcessGetState((int)app_pid, &st) == CUDA_SUCCESS);
+	return (int)st;
 }
 
 static Gpucr__Msg *dump_wait(int fd)
@@ -581,6 +637,35 @@ static uint64_t held_bytes(void)
 	return h.mapped_bytes + h.fd_bytes;
 }
 
+static int sem_wait_s(sem_t *s, int secs)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	ts.tv_sec += secs;
+	while (sem_timedwait(s, &ts) < 0)
+		if (errno != EINTR)
+			return -errno;
+	return 0;
+}
+
+/* Waits (at most limit s) until gpucrd's log since off holds text. */
+static int log_waits_for(off_t off, const char *text, double limit)
+{
+	double t0 = mono();
+	int found;
+
+	do {
+		char *log = log_since(off);
+
+		found = strstr(log, text) != NULL;
+		free(log);
+		if (!found)
+			usleep(20000);
+	} while (!found && mono() - t0 < limit);
+	return found;
+}
+
 /* A full dump: returns 0 with the image complete, or the DumpWait error. */
 static int full_dump(int c, int dirfd, char *errmsg, size_t len)
 {
@@ -699,6 +784,8 @@ int main(void)
 	dirfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	sem_init(&reconnect_sem, 0, 0);
 	sem_init(&resumed_sem, 0, 0);
+	sem_init(&stalled_sem, 0, 0);
+	sem_init(&unstall_sem, 0, 0);
 
 	alloc_all();
 	CHECK(held_bytes() >= (12u << 20));
@@ -921,6 +1008,161 @@ int main(void)
 			show_log(log, pidstr);
 		free(log);
 		restore_and_check(c, dirfd, 1);
+	}
+
+	/* 10. a shim that stops answering (its control thread stopped, or
+	 * stuck in a driver call) does not hold a dump or a restore for ever:
+	 * with GPUCR_SHIM_TIMEOUT_MS=1000 and a drain time of 200 ms, the
+	 * requester is answered within 1.2 s; the process goes on with its
+	 * memory once it runs again, whatever it was stopped in. */
+	{
+		char pidstr[32];
+		off_t off;
+		double t;
+
+		snprintf(pidstr, sizeof(pidstr), "pid %d", (int)app_pid);
+		/* 10a. the quiesce: the dump fails, the process resumes. */
+		off = log_size();
+		stall_on = GPUCR__MSG__BODY_QUIESCE;
+		t = mono();
+		r = dump_drain(c, dirfd, 200);
+		t = mono() - t;
+		CHECK_EQ_INT(r->err, -ETIMEDOUT);
+		CHECK_CONTAINS(r->err_msg, "did not answer quiesce within 1200 ms");
+		CHECK_CONTAINS(r->err_msg, "GPUCR_SHIM_TIMEOUT_MS");
+		CHECK(t >= 1.1 && t < 3);
+		msg_free(r);
+		REQUIRE(sem_wait_s(&stalled_sem, 1) == 0);
+		sem_post(&unstall_sem);
+		/* It quiesces late (dropped), then takes the Resume. */
+		CHECK_EQ_INT(sem_wait_s(&resumed_sem, 5), 0);
+		CHECK(mapped);
+		CHECK(check_pattern());
+		CHECK_EQ_INT(ps_state(c), GPUCR__PROC_STATE__PROC_RUNNING);
+		CHECK(log_waits_for(off, "its answer to quiesce came after its 1200 ms had passed: ignored", 3));
+
+		/* 10b. the release: the dump fails; a new one is refused while
+		 * the Release may still be carried out; the shim releases late
+		 * and gets its memory back from gpucrd. */
+		off = log_size();
+		stall_on = GPUCR__MSG__BODY_RELEASE;
+		t = mono();
+		r = dump_drain(c, dirfd, 200);
+		t = mono() - t;
+		CHECK_EQ_INT(r->err, -ETIMEDOUT);
+		CHECK_CONTAINS(r->err_msg, "did not answer release within 1200 ms");
+		CHECK(t >= 1.1 && t < 3);
+		msg_free(r);
+		REQUIRE(sem_wait_s(&stalled_sem, 1) == 0);
+		r = dump_drain(c, dirfd, 200);
+		CHECK_EQ_INT(r->err, -EBUSY);
+		CHECK_CONTAINS(r->err_msg, "has not answered the release");
+		msg_free(r);
+		CHECK(mapped);
+		sem_post(&unstall_sem);
+		CHECK(log_waits_for(off, "released its GPU memory after its dump had given up on it", 3));
+		CHECK(!mapped);
+		sem_post(&reconnect_sem);
+		CHECK_EQ_INT(sem_wait_s(&resumed_sem, 5), 0);
+		CHECK(mapped);
+		CHECK(check_pattern());
+		CHECK_EQ_INT(ps_state(c), GPUCR__PROC_STATE__PROC_RUNNING);
+		/* The Resume sent when the dump failed came after the Release,
+		 * on the connection the shim closed: none is pending now. */
+		while (sem_trywait(&resumed_sem) == 0)
+			;
+
+		/* 10c. the remap after a restore: the connection is cut off;
+		 * the shim, once it runs again, has its memory mapped and comes
+		 * back as a running process. */
+		err = full_dump(c, dirfd, msg, sizeof(msg));
+		REQUIRE(err == 0);
+		off = log_size();
+		r = restore(c, dirfd);
+		CHECK_EQ_INT(r->err, 0);
+		msg_free(r);
+		stall_on = GPUCR__MSG__BODY_REMAP;
+		t = mono();
+		sem_post(&reconnect_sem);
+		REQUIRE(sem_wait_s(&stalled_sem, 2) == 0);
+		CHECK(log_waits_for(off, "did not answer remap within 1000 ms", 4));
+		t = mono() - t;
+		CHECK(t >= 0.9 && t < 3);
+		CHECK(log_waits_for(off, "Its connection is closed; gpucrd keeps its GPU memory", 1));
+		sem_post(&unstall_sem);
+		sem_post(&reconnect_sem);
+		CHECK(log_waits_for(off, "back running after its remap was cut off", 4));
+		CHECK(mapped);
+		CHECK(check_pattern());
+		usleep(100000); /* its buffers reported again */
+		CHECK_EQ_INT(ps_state(c), GPUCR__PROC_STATE__PROC_RUNNING);
+		/* And it dumps and restores as ever. */
+		err = full_dump(c, dirfd, msg, sizeof(msg));
+		if (err)
+			fprintf(stderr, "dump after 10c: %s\n", msg);
+		CHECK_EQ_INT(err, 0);
+		restore_and_check(c, dirfd, 1);
+		if (t_failed) {
+			char *log = log_since(0);
+
+			show_log(log, pidstr);
+			free(log);
+		}
+	}
+
+	/* 11. a driver checkpoint slower (2 s, FAKECUDA_CKPT_DELAY_MS in
+	 * gpucrd) than its bound (GPUCR_DRIVER_TIMEOUT_MS=500): its requester
+	 * is told within the bound, other driver calls for the pid are refused
+	 * while it runs, and once it returns gpucrd restores and unlocks the
+	 * process, which gets its memory back. */
+	{
+		char pidstr[32];
+		off_t off;
+		double t;
+		int st = -1, i;
+
+		snprintf(pidstr, sizeof(pidstr), "pid %d", (int)app_pid);
+		kill_daemon();
+		setenv("FAKECUDA_CKPT_DELAY_MS", "2000", 1);
+		setenv("GPUCR_DRIVER_TIMEOUT_MS", "500", 1);
+		start_daemon();
+		unsetenv("FAKECUDA_CKPT_DELAY_MS");
+		unsetenv("GPUCR_DRIVER_TIMEOUT_MS");
+		close(c);
+		c = cli();
+		sem_post(&reconnect_sem); /* the shim comes back, reporting its buffers */
+		for (i = 0; i < 200 && ps_state(c) != GPUCR__PROC_STATE__PROC_RUNNING; i++)
+			usleep(10000);
+		usleep(100000);
+		off = log_size();
+		r = dump_background(c, dirfd, 0);
+		REQUIRE(r->err == 0);
+		msg_free(r);
+		CHECK_EQ_INT(driver_op(c, GPUCR__DRIVER_OP_KIND__DRV_LOCK), 0);
+		t = mono();
+		err = driver_op_msg(c, GPUCR__DRIVER_OP_KIND__DRV_CHECKPOINT, msg, sizeof(msg));
+		t = mono() - t;
+		CHECK_EQ_INT(err, -ETIMEDOUT);
+		CHECK_CONTAINS(msg, "checkpoint did not return within 500 ms");
+		CHECK(t >= 0.4 && t < 1.5);
+		err = driver_op_msg(c, GPUCR__DRIVER_OP_KIND__DRV_RESTORE, msg, sizeof(msg));
+		CHECK_EQ_INT(err, -EBUSY);
+		CHECK_CONTAINS(msg, "timed out and has not returned yet");
+		/* The late checkpoint is undone: restore (2 s), then unlock. */
+		CHECK(log_waits_for(off, "driver unlock done", 8));
+		st = fake_state();
+		CHECK_EQ_INT(st, CU_PROCESS_STATE_RUNNING);
+		CHECK(log_waits_for(off, "returned after 2.", 1));
+		r = dump_wait(c);
+		CHECK_EQ_INT(r->err, 0);
+		msg_free(r);
+		restore_and_check(c, dirfd, 1);
+		if (t_failed) {
+			char *log = log_since(off);
+
+			show_log(log, pidstr);
+			free(log);
+		}
 	}
 
 	/* 7. a damaged chunk: the restore is refused and says where. */

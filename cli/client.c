@@ -1,5 +1,6 @@
-/* Owns the CLI's talk with gpucrd (connect, hello, request/reply) and where
- * gpucr's own files are relative to the gpucr binary. */
+/* Owns the CLI's talk with gpucrd (connect, hello, request/reply, each
+ * wait bounded by gpucrd's silence: GPUCR_DAEMON_TIMEOUT_MS, msg_call) and
+ * where gpucr's own files are relative to the gpucr binary. */
 #include <errno.h>
 #include <limits.h>
 #include <stdio.h>
@@ -13,6 +14,18 @@
 
 static int fd_ = -1;
 static uint64_t next_id;
+
+static int call(Gpucr__Msg *req, int fd, int ping, Gpucr__Msg **ret)
+{
+	int r = msg_call(fd_, req, fd, &next_id, msg_daemon_timeout_ms(), ping, ret);
+
+	if (r == -ETIMEDOUT)
+		fprintf(stderr,
+			"gpucr: gpucrd at %s sent nothing for %u ms (GPUCR_DAEMON_TIMEOUT_MS) while asked for %s: is it "
+			"stopped (SIGSTOP, a debugger) or stuck? See its log\n",
+			sock_default_path(), msg_daemon_timeout_ms(), msg_body_name(req));
+	return r;
+}
 
 int cli_connect(const char *path)
 {
@@ -33,35 +46,20 @@ int cli_connect(const char *path)
 	h.gpucr_version = (char *)GPUCR_VERSION;
 	m.body_case = GPUCR__MSG__BODY_HELLO;
 	m.hello = &h;
-	r = cli_call(&m, -1, &rep);
+	r = call(&m, -1, 0, &rep);
 	if (r == 0 && rep->err)
 		r = rep->err;
 	msg_free(rep);
+	if (r < 0) {
+		close(fd_);
+		fd_ = -1;
+	}
 	return r;
 }
 
 int cli_call(Gpucr__Msg *req, int fd, Gpucr__Msg **ret)
 {
-	uint64_t id = ++next_id;
-	int r;
-
-	req->has_id = 1;
-	req->id = id;
-	r = msg_send(fd_, req, fd >= 0 ? &fd : NULL, fd >= 0 ? 1 : 0);
-	if (r < 0)
-		return r;
-	for (;;) {
-		Gpucr__Msg *rep = NULL;
-
-		r = msg_recv(fd_, &rep, NULL, 0, NULL);
-		if (r < 0)
-			return r;
-		if (rep->has_reply_to && rep->reply_to == id) {
-			*ret = rep;
-			return 0;
-		}
-		msg_free(rep);
-	}
+	return call(req, fd, 1, ret);
 }
 
 int cli_ps(Gpucr__Msg **ret, char *why, size_t whylen)

@@ -1,6 +1,8 @@
 /* Owns packing and unpacking of protocol v1 messages. */
 #include <errno.h>
+#include <poll.h>
 #include <stdlib.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cuda.h>
@@ -67,6 +69,92 @@ int msg_recv(int sock, Gpucr__Msg **ret, int *fds, unsigned max_fds, unsigned *r
 	if (ret_nfds)
 		*ret_nfds = nfds;
 	return 0;
+}
+
+static uint64_t mono_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+unsigned msg_daemon_timeout_ms(void)
+{
+	const char *s = getenv("GPUCR_DAEMON_TIMEOUT_MS");
+	char *end;
+	unsigned long v;
+
+	if (!s || !*s)
+		return 30000;
+	v = strtoul(s, &end, 10);
+	return *end || v > 0xffffffffUL ? 30000 : (unsigned)v;
+}
+
+static int send_ping(int sock, uint64_t *next_id)
+{
+	Gpucr__Msg m = GPUCR__MSG__INIT;
+	Gpucr__PsRequest ps = GPUCR__PS_REQUEST__INIT;
+
+	ps.has_pid = 1;
+	ps.pid = 0xffffffffu; /* no process has it: the answer is short */
+	m.has_id = 1;
+	m.id = ++*next_id;
+	m.body_case = GPUCR__MSG__BODY_PS;
+	m.ps = &ps;
+	return msg_send(sock, &m, NULL, 0);
+}
+
+int msg_call(int sock, Gpucr__Msg *req, int fd, uint64_t *next_id, unsigned idle_ms, int ping, Gpucr__Msg **ret)
+{
+	uint64_t id = ++*next_id, heard = mono_ms(), pinged = heard;
+	unsigned every = idle_ms / 4 ? idle_ms / 4 : 1;
+	int r;
+
+	req->has_id = 1;
+	req->id = id;
+	r = msg_send(sock, req, fd >= 0 ? &fd : NULL, fd >= 0 ? 1 : 0);
+	if (r < 0)
+		return r;
+	for (;;) {
+		struct pollfd pfd = { .fd = sock, .events = POLLIN };
+		Gpucr__Msg *rep = NULL;
+		uint64_t now = mono_ms();
+		int wait = -1;
+
+		if (idle_ms) {
+			uint64_t next = heard + idle_ms, last;
+
+			if (now >= next)
+				return -ETIMEDOUT;
+			if (ping) {
+				last = pinged > heard ? pinged : heard;
+				if (now - last >= every) {
+					r = send_ping(sock, next_id);
+					if (r < 0)
+						return r;
+					pinged = last = now;
+				}
+				if (last + every < next)
+					next = last + every;
+			}
+			wait = (int)(next - now);
+		}
+		r = poll(&pfd, 1, wait);
+		if (r < 0 && errno != EINTR)
+			return -errno;
+		if (r <= 0)
+			continue;
+		r = msg_recv(sock, &rep, NULL, 0, NULL);
+		if (r < 0)
+			return r == -EAGAIN ? -ETIMEDOUT : r;
+		heard = mono_ms();
+		if (rep->has_reply_to && rep->reply_to == id) {
+			*ret = rep;
+			return 0;
+		}
+		msg_free(rep); /* progress, a ping's answer, or a stale reply */
+	}
 }
 
 void msg_free(Gpucr__Msg *m)

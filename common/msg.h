@@ -22,6 +22,21 @@ int msg_decode(const void *buf, size_t len, unsigned nfds_received, Gpucr__Msg *
 int msg_recv(int sock, Gpucr__Msg **ret, int *fds, unsigned max_fds, unsigned *ret_nfds);
 void msg_free(Gpucr__Msg *m);
 
+/* A client's blocking call to gpucrd: sends req (with fd attached if >= 0)
+ * under the id ++*next_id and waits for its reply, which *ret gets (msg_free
+ * it), whatever its err. Other messages (progress, stale replies) are
+ * dropped. The wait is bounded by silence, not by total time: a call may
+ * rightly last minutes (an image being written), but gpucrd's event loop
+ * answers at once whatever it does, so with ping set, every idle_ms / 4
+ * without a message a Ps for no process is sent (only after the hello:
+ * gpucrd closes a connection whose first message is not one), and
+ * -ETIMEDOUT comes once nothing at all arrived for idle_ms: gpucrd stopped
+ * (SIGSTOP, a debugger) or its loop is stuck. idle_ms 0: no bound. Returns
+ * 0 or -errno (transport). Nothing here logs. */
+int msg_call(int sock, Gpucr__Msg *req, int fd, uint64_t *next_id, unsigned idle_ms, int ping, Gpucr__Msg **ret);
+/* GPUCR_DAEMON_TIMEOUT_MS, the idle_ms of clients' calls (default 30000). */
+unsigned msg_daemon_timeout_ms(void);
+
 /* The driver's process state as the protocol reports it. */
 Gpucr__DriverState msg_driver_state(int cu_process_state);
 

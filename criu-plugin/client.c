@@ -1,5 +1,7 @@
 /* Owns the plugin's connection to gpucrd: connect and hello once per CRIU
- * run, then blocking request/reply (progress messages skipped). */
+ * run, then blocking request/reply (progress messages skipped), each wait
+ * bounded by gpucrd's silence (GPUCR_DAEMON_TIMEOUT_MS, msg_call), as
+ * gpucrd bounds what it waits for itself (shims, the driver). */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,51 +27,50 @@ void client_close(void)
 	sock_fd = -1;
 }
 
-static int call_raw(Gpucr__Msg *req, int fd, Gpucr__Msg **ret)
+/* gpucrd answered nothing for GPUCR_DAEMON_TIMEOUT_MS once in this CRIU
+ * run: it is not asked again (each call would wait as long), and the
+ * driver calls are made here (driver.c). */
+static int daemon_stuck;
+
+static int call_raw(Gpucr__Msg *req, int fd, int ping, Gpucr__Msg **ret)
 {
-	uint64_t id = ++next_id;
-	int r;
+	int r = msg_call(sock_fd, req, fd, &next_id, msg_daemon_timeout_ms(), ping, ret);
 
-	req->has_id = 1;
-	req->id = id;
-	r = msg_send(sock_fd, req, fd >= 0 ? &fd : NULL, fd >= 0 ? 1 : 0);
-	if (r < 0)
-		return r;
-	for (;;) {
-		Gpucr__Msg *rep = NULL;
-
-		r = msg_recv(sock_fd, &rep, NULL, 0, NULL);
-		if (r < 0)
-			return r == -EAGAIN ? -ETIMEDOUT : r;
-		if (rep->has_reply_to && rep->reply_to == id) {
-			*ret = rep;
-			return 0;
-		}
-		msg_free(rep); /* progress, or a stale reply */
+	if (r == -ETIMEDOUT) {
+		daemon_stuck = 1;
+		pl_err("gpucrd at %s sent nothing for %u ms (GPUCR_DAEMON_TIMEOUT_MS) while asked for %s: is it "
+		       "stopped (SIGSTOP, a debugger) or stuck? See its log; it is not asked again in this CRIU run",
+		       sock_default_path(), msg_daemon_timeout_ms(), msg_body_name(req));
 	}
+	return r;
 }
 
 int client_connect(void)
 {
 	Gpucr__Msg m = GPUCR__MSG__INIT, *rep = NULL;
 	Gpucr__Hello h = GPUCR__HELLO__INIT;
-	/* Long operations (writing a large image) are waited for here. */
-	struct timeval tv = { .tv_sec = 3600 };
+	/* A frame gpucrd stops sending halfway is waited for no longer than
+	 * its silence (msg_call bounds the rest). */
+	unsigned idle = msg_daemon_timeout_ms();
+	struct timeval tv = { .tv_sec = idle / 1000, .tv_usec = (idle % 1000) * 1000 };
 	int fd, r;
 
 	if (sock_fd >= 0)
 		return 0;
+	if (daemon_stuck)
+		return -ETIMEDOUT;
 	fd = sock_connect_unix(sock_default_path());
 	if (fd < 0)
 		return fd;
-	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+	if (idle)
+		setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
 	sock_fd = fd;
 	h.proto_version = GPUCR_PROTO_VERSION;
 	h.role = GPUCR__ROLE__ROLE_PLUGIN;
 	h.gpucr_version = (char *)GPUCR_VERSION;
 	m.body_case = GPUCR__MSG__BODY_HELLO;
 	m.hello = &h;
-	r = call_raw(&m, -1, &rep);
+	r = call_raw(&m, -1, 0, &rep);
 	if (r == 0 && rep->err)
 		r = rep->err;
 	msg_free(rep);
@@ -85,7 +86,7 @@ int client_call(Gpucr__Msg *req, int fd, Gpucr__Msg **ret)
 	r = client_connect();
 	if (r < 0)
 		return r;
-	r = call_raw(req, fd, ret);
+	r = call_raw(req, fd, 1, ret);
 	if (r < 0)
 		client_close();
 	return r;

@@ -224,13 +224,18 @@ static int images_in_progress(const char *real, uint32_t *pids, size_t max, size
 }
 
 /* Waits until gpucrd has written every GPU image of a dump into dir,
- * showing progress (bytes, GB/s, time left) while it lasts. */
+ * showing progress (bytes, GB/s, time left) while it lasts. Writing 140 GB
+ * takes minutes, so the wait is bounded by progress: no byte written for
+ * GPUCR_IMAGE_STALL_MS (default 120000; 0: no bound) ends it with an error
+ * (gpucrd goes on writing; `gpucr ps` shows how far it got). */
 static int wait_images(const char *dir, double t0)
 {
 	uint32_t pids[256];
-	uint64_t done, total;
+	uint64_t done, total, seen = 0;
 	int bad = 0, stale = 0, tty = isatty(STDERR_FILENO), shown = 0, writing;
-	double start = now(), last = 0;
+	const char *env = getenv("GPUCR_IMAGE_STALL_MS");
+	double stall = (env && *env ? strtod(env, NULL) : 120000) / 1e3;
+	double start = now(), last = 0, moved = start;
 	char real[PATH_MAX];
 	size_t n, i;
 
@@ -238,6 +243,20 @@ static int wait_images(const char *dir, double t0)
 		return 0; /* no daemon: no GPU images of gpucr's */
 	while ((writing = images_in_progress(real, pids, 256, &n, &done, &total)) > 0) {
 		double t = now(), rate = (t - start) > 0 ? done / (t - start) : 0;
+
+		if (done != seen) {
+			seen = done;
+			moved = t;
+		} else if (stall > 0 && t - moved >= stall) {
+			if (shown && tty)
+				fputc('\n', stderr);
+			fprintf(stderr,
+				"gpucr dump: the GPU image(s) in %s made no progress for %.0f s (GPUCR_IMAGE_STALL_MS): "
+				"%.1f of %.1f MiB written. Is the disk stuck, or gpucrd? gpucrd keeps the memory and "
+				"goes on; 'gpucr ps' shows the progress\n",
+				dir, stall, done / 1048576.0, total / 1048576.0);
+			return -ETIMEDOUT;
+		}
 
 		if (total && (tty || t - last >= 2.0)) {
 			double unit = total < (1ull << 30) ? 1048576.0 : 1073741824.0;

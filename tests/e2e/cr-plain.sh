@@ -13,7 +13,9 @@
 # running (driver calls made by the daemon), (b) without gpucrd (made in
 # CRIU's process), (c) --leave-running. Each run's output must equal an
 # uninterrupted run's, and the plugin's log must show the driver's own
-# checkpoint and restore were used.
+# checkpoint and restore were used. (d) gpucrd stopped (SIGSTOP): the
+# plugin gives up on it within GPUCR_DAEMON_TIMEOUT_MS and makes the driver
+# calls itself.
 set -u
 B=$(cd "${BUILD:-build}" && pwd)
 [ "$(id -u)" = 0 ] || { echo "skip: CRIU needs root"; exit 77; }
@@ -133,6 +135,44 @@ else
 		bad "no-daemon: the plugin did not run without gpucrd"
 		show_logs no-daemon
 	fi
+fi
+
+# (d) gpucrd stopped (SIGSTOP) for the whole C/R: the plugin waits for its
+# silence no longer than GPUCR_DAEMON_TIMEOUT_MS (1 s here), says so, and
+# makes the driver calls in CRIU's process, as without a daemon (it waited
+# an hour before); gpucr ps says the same within the bound.
+if ldd "$FAKE" | grep -q libasan; then
+	echo "skip: stopped-daemon case under ASan (CRIU cannot load the instrumented test driver)"
+else
+	start_daemon
+	dpid=$(pgrep -f "gpucrd --socket $GPUCR_SOCKET")
+	kill -STOP $dpid
+	export GPUCR_DAEMON_TIMEOUT_MS=1000
+	t0=$(date +%s)
+	flow stopped-daemon ""
+	t1=$(date +%s)
+	check_same stopped-daemon
+	check_driver_path stopped-daemon dump
+	check_driver_path stopped-daemon restore
+	want="gpucrd at $GPUCR_SOCKET sent nothing for 1000 ms (GPUCR_DAEMON_TIMEOUT_MS)"
+	if grep -qF "$want" "$W/stopped-daemon/dump.log" && grep -qF "$want" "$W/stopped-daemon/restore.log"; then
+		ok "stopped-daemon: the plugin gave up on gpucrd after 1 s, and the C/R took $((t1 - t0)) s"
+	else
+		bad "stopped-daemon: the plugin did not say gpucrd was silent"
+		show_logs stopped-daemon
+	fi
+	t0=$(date +%s.%N)
+	"$B/bin/gpucr" ps >"$W/ps.out" 2>&1
+	rc=$?
+	t=$(awk -v s="$t0" -v e="$(date +%s.%N)" 'BEGIN { printf "%.1f", e - s }')
+	if [ $rc != 0 ] && grep -qF "$want" "$W/ps.out" && awk -v t="$t" 'BEGIN { exit !(t < 5) }'; then
+		ok "stopped-daemon: gpucr ps failed after $t s, naming the silence"
+	else
+		bad "stopped-daemon: gpucr ps (exit $rc, $t s): $(head -3 "$W/ps.out")"
+	fi
+	unset GPUCR_DAEMON_TIMEOUT_MS
+	kill -CONT $dpid
+	stop_daemon
 fi
 
 echo "$fails failure(s)"

@@ -998,8 +998,9 @@ static void takeover_done(void *data, int status)
 	op->phase = PH_RELEASE;
 	m.body_case = GPUCR__MSG__BODY_RELEASE;
 	m.release = &rel;
-	r = conn_request_timed(op->p->shim, &m, NULL, 0, shim_bound(op->drain_ms < SHIM_RELEASE_DRAIN_MS ? op->drain_ms : SHIM_RELEASE_DRAIN_MS), on_release_reply,
-			       on_release_late, op);
+	r = conn_request_timed(op->p->shim, &m, NULL, 0,
+			       shim_bound(op->drain_ms < SHIM_RELEASE_DRAIN_MS ? op->drain_ms : SHIM_RELEASE_DRAIN_MS),
+			       on_release_reply, on_release_late, op);
 	if (r < 0)
 		fail_early(op, r, "pid %d: cannot ask for release: %s", (int)op->pid, strerror(-r));
 }

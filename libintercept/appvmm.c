@@ -163,8 +163,8 @@ static void maybe_adopt(struct vh *e, const struct vmap *m)
 	struct region *r;
 	int err;
 
-	if (e->region)
-		return;
+	if (e->region || !e->real)
+		return; /* adopted already; or its memory was lost at a failed remap */
 	if (e->pinned)
 		why = e->pinned;
 	else if (e->nmaps > 1)

@@ -828,8 +828,8 @@ static void connection_lost(int err)
 	switch (ctl.state) {
 	case ST_QUIESCED:
 		epoch_cut(); /* the cut is abandoned: what was saved of it means nothing */
-		gate_open();
-		ctl.state = ST_RUNNING;
+		/* Said before the gate opens: once the application runs on, a
+		 * reader of the log (unit-shim-control-drop) must find it. */
 		if (!warned) {
 			warned = true;
 			pr_warn("the connection to gpucrd was lost (%s) while the process was quiesced; "
@@ -838,6 +838,8 @@ static void connection_lost(int err)
 		} else {
 			pr_debug("connection to gpucrd lost while quiesced; gate reopened\n");
 		}
+		gate_open();
+		ctl.state = ST_RUNNING;
 		break;
 	case ST_RELEASED:
 		pr_err("the connection to gpucrd was lost (%s) while it holds this process's GPU memory; "

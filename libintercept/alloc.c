@@ -322,8 +322,10 @@ SHIM_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
 	if (!dptr || buftab_lookup(dptr, &b) < 0)
 		return real.cuMemFree_v2(dptr);
 	if (!buf_owned(&b)) {
+		/* The application's VMM memory (BUF_APP) goes with its cuMemUnmap,
+		 * whatever the driver says to a cuMemFree of it. */
 		r = real.cuMemFree_v2(dptr);
-		if (r == CUDA_SUCCESS && b.base == dptr)
+		if (r == CUDA_SUCCESS && b.base == dptr && !buf_held(&b))
 			buftab_remove(dptr, NULL);
 		return r;
 	}
@@ -370,6 +372,65 @@ SHIM_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsig
 	if (r == CUDA_SUCCESS && dptr && bytesize)
 		record_driver(*dptr, bytesize, -1, BUF_MANAGED, 0);
 	return r;
+}
+
+/* ---- the application's own VMM memory (appvmm.c) ------------------------- */
+
+bool alloc_vmm_usable(int device)
+{
+	bool ok;
+
+	pthread_mutex_lock(&alloc_lock);
+	ok = vmm_granularity(device) != 0;
+	pthread_mutex_unlock(&alloc_lock);
+	return ok;
+}
+
+int alloc_adopt_app(int device, CUdeviceptr va, size_t size, CUmemGenericAllocationHandle h,
+		    struct region **ret_region)
+{
+	struct region *r = NULL;
+	struct buf b;
+	int err;
+
+	pthread_mutex_lock(&alloc_lock);
+	err = vmm_region_adopt(device, va, size, h, &r);
+	if (err)
+		goto out;
+	b = (struct buf){
+		.base = va, .size = size, .id = buftab_new_id(), .region = r, .device = device,
+		.kind = BUF_APP,
+	};
+	err = buftab_insert(&b);
+	if (err) {
+		vmm_region_disown(r);
+		goto out;
+	}
+	*ret_region = r;
+out:
+	pthread_mutex_unlock(&alloc_lock);
+	return err;
+}
+
+CUmemGenericAllocationHandle alloc_disown_app(struct region *r)
+{
+	CUmemGenericAllocationHandle h;
+
+	pthread_mutex_lock(&alloc_lock);
+	buftab_remove(r->va, NULL);
+	h = vmm_region_disown(r);
+	pthread_mutex_unlock(&alloc_lock);
+	return h;
+}
+
+CUmemGenericAllocationHandle alloc_app_handle(const struct region *r)
+{
+	CUmemGenericAllocationHandle h;
+
+	pthread_mutex_lock(&alloc_lock);
+	h = r->chunks[0].handle;
+	pthread_mutex_unlock(&alloc_lock);
+	return h;
 }
 
 /* ---- control thread ----------------------------------------------------- */

@@ -53,6 +53,22 @@ void alloc_defer_free(const struct buf *b, CUevent event) SHIM_HIDDEN;
  * all of them. Returns how many remain pending. */
 size_t alloc_reap(bool wait) SHIM_HIDDEN;
 
+/* The application's own VMM memory (appvmm.h). alloc_adopt_app() makes the
+ * application's mapping of h at [va, va + size) on device a buffer of
+ * gpucr's (BUF_APP, entered in the buffer table; see vmm_region_adopt());
+ * -EOPNOTSUPP when gpucr cannot use VMM memory there, -EEXIST, -ENOMEM.
+ * alloc_disown_app() takes it out again (before the application unmaps it,
+ * or when it stops qualifying) and returns the handle holding its memory
+ * now, which the caller owns again; alloc_app_handle() says which that is
+ * (it changes when the memory is remapped at restore; 0 while released). */
+struct region;
+/* Whether gpucr can use exportable VMM memory on device (vmm_granularity). */
+bool alloc_vmm_usable(int device) SHIM_HIDDEN;
+int alloc_adopt_app(int device, CUdeviceptr va, size_t size, CUmemGenericAllocationHandle h,
+		    struct region **ret_region) SHIM_HIDDEN;
+CUmemGenericAllocationHandle alloc_disown_app(struct region *r) SHIM_HIDDEN;
+CUmemGenericAllocationHandle alloc_app_handle(const struct region *r) SHIM_HIDDEN;
+
 /* The driver result that stands for a gpucr error code. */
 CUresult alloc_err_to_cu(int err) SHIM_HIDDEN;
 
@@ -67,6 +83,7 @@ struct alloc_chunk_fd {
 	int device;
 	int fd;
 	bool slab;               /* the chunk is a slab of small allocations */
+	bool app;                /* the application's own VMM mapping (appvmm.h) */
 	CUdeviceptr reserve_va;  /* the VA reservation (region) holding it */
 	size_t reserve_size;
 };

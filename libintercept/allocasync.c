@@ -221,7 +221,7 @@ static void forget_driver(CUresult r, CUdeviceptr dptr)
 	struct buf b;
 
 	if (r == CUDA_SUCCESS && dptr && buftab_lookup(dptr, &b) == 0 && b.base == dptr &&
-	    !buf_owned(&b))
+	    !buf_held(&b))
 		buftab_remove(dptr, NULL);
 }
 

@@ -52,16 +52,16 @@ int buftab_insert(const struct buf *b)
 	pthread_rwlock_wrlock(&buftab_lock);
 	i = upper(b->base);
 	/* Overlaps: the entry before (if it reaches past base) and those after
-	 * that start before end. Owned ones are a bug; others are stale. */
+	 * that start before end. Held ones are a bug; others are stale. */
 	if (i > 0 && tab[i - 1].base + tab[i - 1].size > b->base) {
-		if (buf_owned(&tab[i - 1]) || buf_owned(b)) {
+		if (buf_held(&tab[i - 1]) || buf_held(b)) {
 			ret = -EEXIST;
 			goto out;
 		}
 		drop_at(--i);
 	}
 	while (i < ntab && tab[i].base < end) {
-		if (buf_owned(&tab[i]) || buf_owned(b)) {
+		if (buf_held(&tab[i]) || buf_held(b)) {
 			ret = -EEXIST;
 			goto out;
 		}

@@ -16,8 +16,11 @@ enum buf_kind {
 	BUF_SUB,     /* gpucr's: part of a slab region (small request) */
 	BUF_DRIVER,  /* the driver's (VMM unusable there): its checkpoint saves it */
 	BUF_MANAGED, /* cuMemAllocManaged, passed through; a dump must be refused */
+	BUF_APP,     /* the application's own VMM mapping (cuMemCreate + cuMemMap), adopted
+		      * by gpucr (appvmm.h): gpucr saves, releases and remaps it, the
+		      * driver answers queries about it as for any mapping */
 };
-#define BUF_KIND_MAX BUF_MANAGED
+#define BUF_KIND_MAX BUF_APP
 
 /* Allocated stream-ordered (cuMemAllocAsync / FromPoolAsync). */
 #define BUF_F_ASYNC 0x1u
@@ -28,22 +31,30 @@ struct buf {
 	CUdeviceptr base;
 	size_t size;            /* bytes the application asked for (pitch * height if pitched) */
 	uint64_t id;            /* unique per allocation in this process */
-	struct region *region;  /* BUF_VMM, BUF_SUB: backing memory (alloc.c owns it) */
+	struct region *region;  /* BUF_VMM, BUF_SUB, BUF_APP: backing memory (alloc.c owns it) */
 	int device;             /* ordinal; -1 for managed memory */
 	enum buf_kind kind;
 	unsigned int flags;     /* BUF_F_* */
 };
 
+/* gpucr allocated it: gpucr answers for it (its extent, its id) and frees it. */
 static inline bool buf_owned(const struct buf *b)
 {
 	return b->kind == BUF_VMM || b->kind == BUF_SUB;
+}
+
+/* Its memory is in gpucr's hands at a dump (the daemon holds, saves and
+ * gives it back), whoever allocated it. */
+static inline bool buf_held(const struct buf *b)
+{
+	return buf_owned(b) || b->kind == BUF_APP;
 }
 
 /* A new id for an allocation: process-unique, never 0, and with the top bit
  * set so that it cannot collide with the driver's own buffer ids. */
 uint64_t buftab_new_id(void) SHIM_HIDDEN;
 
-/* Adds b (size > 0). An owned entry may not overlap another owned one
+/* Adds b (size > 0). A held entry may not overlap another held one
  * (-EEXIST). Overlapped driver or managed entries are stale: the driver
  * freed them behind gpucr's back (a context was destroyed) and reused the
  * addresses, so they are dropped. -ENOMEM when the table cannot grow. */

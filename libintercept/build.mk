@@ -16,7 +16,7 @@
 # installed;
 # unit-shim-control and -control-drop too, with common/ for the fake gpucrd
 # they run (tests/unit/fakegpucrd.h); unit-shim-remap, -buftab, -gate, -launch, -dag, -copy, -graph, -chunkgate,
-# -suspect and -epoch (which runs the fake gpucrd as well) link its objects
+# -suspect, -appvmm and -epoch (which runs the fake gpucrd as well) link its objects
 # (libintercept.a) to reach the internal API (alloc.h, buftab.h, gate.h).
 
 SHIM_STUB ?= $(CUDA_HOME)/lib64/stubs/libcuda.so
@@ -75,7 +75,7 @@ ALL += $(SHIM_LIB)
 # ---- tests ----------------------------------------------------------------
 SHIM_TESTS_SO := forward procaddr alloc self counts
 SHIM_TESTS_SOC := control control-drop
-SHIM_TESTS_AR := remap buftab gate launch dag copy graph chunkgate epoch suspect
+SHIM_TESTS_AR := remap buftab gate launch dag copy graph chunkgate epoch suspect appvmm
 SHIM_TEST_BIN := $(SHIM_TESTS_SO:%=$(BUILD)/tests/unit-shim-%) $(SHIM_TESTS_AR:%=$(BUILD)/tests/unit-shim-%) \
 	$(SHIM_TESTS_SOC:%=$(BUILD)/tests/unit-shim-%)
 

@@ -409,7 +409,7 @@ static int fill_one(const struct buf *b, void *arg)
 	struct fill *f = arg;
 	uint64_t nch;
 
-	if (!buf_owned(b))
+	if (!buf_held(b))
 		return 0;
 	nch = (b->size + f->chunk - 1) / f->chunk;
 	if (f->n == f->cap)

@@ -5,8 +5,8 @@
  * on.
  *
  * An epoch (chunk_gate_begin .. chunk_gate_finish):
- *  - at begin, a table of gpucr's own buffers (BUF_VMM, BUF_SUB: the memory
- *    the daemon holds and saves or loads) is taken from the buffer table,
+ *  - at begin, a table of gpucr's own buffers (BUF_VMM, BUF_SUB, BUF_APP:
+ *    the memory the daemon holds and saves or loads) is taken from the buffer table,
  *    with one state bit per chunk: pending / saved, or not loaded / loaded.
  *    Chunks count from each buffer's base in steps of the DAG's chunk size
  *    (dag_chunk_size()), the last one may be short, as in dag.h. Buffers

@@ -245,7 +245,8 @@ static int send_buffer_add(const struct alloc_chunk_fd *c)
 	ba.size = c->size;
 	ba.device = (uint32_t)c->device;
 	ba.has_kind = true;
-	ba.kind = c->slab ? GPUCR__BUFFER_KIND__BUF_SLAB : GPUCR__BUFFER_KIND__BUF_ALLOC;
+	ba.kind = c->app ? GPUCR__BUFFER_KIND__BUF_APP_VMM
+		  : c->slab ? GPUCR__BUFFER_KIND__BUF_SLAB : GPUCR__BUFFER_KIND__BUF_ALLOC;
 	ba.has_phys_size = true;
 	ba.phys_size = c->size;
 	ba.has_phys_offset = true;
@@ -298,7 +299,8 @@ static int flush_changes(void)
 	}
 	for (i = 0; i < c.nadded && !err; i++) {
 		pr_debug("buffer_add %#llx (%zu bytes, device %d%s)\n", (unsigned long long)c.added[i].va,
-			 c.added[i].size, c.added[i].device, c.added[i].slab ? ", slab" : "");
+			 c.added[i].size, c.added[i].device,
+			 c.added[i].app ? ", the application's VMM" : c.added[i].slab ? ", slab" : "");
 		err = send_buffer_add(&c.added[i]);
 		close(c.added[i].fd);
 		c.added[i].fd = -1;
@@ -492,13 +494,13 @@ static struct usage usage_of(enum buf_kind kind)
 static void fill_stats(Gpucr__ShimStats *st)
 {
 	struct usage vmm = usage_of(BUF_VMM), sub = usage_of(BUF_SUB), drv = usage_of(BUF_DRIVER),
-		     man = usage_of(BUF_MANAGED);
+		     man = usage_of(BUF_MANAGED), app = usage_of(BUF_APP);
 	struct suspect_stats sus;
 
 	st->has_buffers = true;
-	st->buffers = vmm.n + sub.n;
+	st->buffers = vmm.n + sub.n + app.n;
 	st->has_bytes = true;
-	st->bytes = vmm.bytes + sub.bytes;
+	st->bytes = vmm.bytes + sub.bytes + app.bytes;
 	st->has_unowned_bytes = true;
 	st->unowned_bytes = drv.bytes;
 	st->has_managed_bytes = true;
@@ -826,8 +828,8 @@ static void connection_lost(int err)
 	switch (ctl.state) {
 	case ST_QUIESCED:
 		epoch_cut(); /* the cut is abandoned: what was saved of it means nothing */
-		gate_open();
-		ctl.state = ST_RUNNING;
+		/* Said before the gate opens: once the application runs on, a
+		 * reader of the log (unit-shim-control-drop) must find it. */
 		if (!warned) {
 			warned = true;
 			pr_warn("the connection to gpucrd was lost (%s) while the process was quiesced; "
@@ -836,6 +838,8 @@ static void connection_lost(int err)
 		} else {
 			pr_debug("connection to gpucrd lost while quiesced; gate reopened\n");
 		}
+		gate_open();
+		ctl.state = ST_RUNNING;
 		break;
 	case ST_RELEASED:
 		pr_err("the connection to gpucrd was lost (%s) while it holds this process's GPU memory; "

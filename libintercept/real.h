@@ -43,6 +43,7 @@
 	X(cuMemMap)                          \
 	X(cuMemUnmap)                        \
 	X(cuMemSetAccess)                    \
+	X(cuMemGetAccess)                    \
 	X(cuMemExportToShareableHandle)      \
 	X(cuMemImportFromShareableHandle)    \
 	X(cuMemAlloc_v2)                     \

@@ -1,6 +1,7 @@
-/* VMM regions: creating and destroying them, per-device capabilities, the
- * export / release / remap of their physical chunks, and what the daemon has
- * been told of them. Called with alloc's lock held (see vmm.h). */
+/* VMM regions: creating and destroying them (adopting and disowning the
+ * application's), per-device capabilities, the export / release / remap of
+ * their physical chunks, and what the daemon has been told of them. Called
+ * with alloc's lock held (see vmm.h). */
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
@@ -119,8 +120,11 @@ static void access_desc(int device, CUmemAccessDesc *desc)
 	desc->flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
 }
 
-/* Maps handle at va and grants the device access; undoes the map on failure. */
-static CUresult map_chunk(CUdeviceptr va, size_t size, int device, CUmemGenericAllocationHandle h)
+/* Maps handle at va and grants the device access (the n descriptors in
+ * access instead when not NULL: none at all when n is 0); undoes the map on
+ * failure. */
+static CUresult map_chunk(CUdeviceptr va, size_t size, int device, CUmemGenericAllocationHandle h,
+			  const CUmemAccessDesc *access, unsigned int n)
 {
 	CUmemAccessDesc desc;
 	CUresult r;
@@ -128,11 +132,34 @@ static CUresult map_chunk(CUdeviceptr va, size_t size, int device, CUmemGenericA
 	r = real.cuMemMap(va, size, 0, h, 0);
 	if (r != CUDA_SUCCESS)
 		return r;
-	access_desc(device, &desc);
-	r = real.cuMemSetAccess(va, size, &desc, 1);
+	if (!access) {
+		access_desc(device, &desc);
+		access = &desc;
+		n = 1;
+	}
+	r = n ? real.cuMemSetAccess(va, size, access, n) : CUDA_SUCCESS;
 	if (r != CUDA_SUCCESS)
 		real.cuMemUnmap(va, size);
 	return r;
+}
+
+static void region_link(struct region *r)
+{
+	r->prev = NULL;
+	r->next = regions;
+	if (regions)
+		regions->prev = r;
+	regions = r;
+}
+
+static void region_unlink(struct region *r)
+{
+	if (r->prev)
+		r->prev->next = r->next;
+	else
+		regions = r->next;
+	if (r->next)
+		r->next->prev = r->prev;
 }
 
 int vmm_region_create(int device, size_t size, struct region **ret_region)
@@ -169,7 +196,7 @@ int vmm_region_create(int device, size_t size, struct region **ret_region)
 		err = gpucr_err_from_cu(cr);
 		goto err_unreserve;
 	}
-	cr = map_chunk(va, size, device, h);
+	cr = map_chunk(va, size, device, h, NULL, 0);
 	if (cr != CUDA_SUCCESS) {
 		err = gpucr_err_from_cu(cr);
 		goto err_release;
@@ -179,10 +206,7 @@ int vmm_region_create(int device, size_t size, struct region **ret_region)
 	r->device = device;
 	r->nchunks = 1;
 	r->chunks[0] = (struct chunk){ .handle = h, .off = 0, .size = size, .mapped = true };
-	r->next = regions;
-	if (regions)
-		regions->prev = r;
-	regions = r;
+	region_link(r);
 	*ret_region = r;
 	control_kick(); /* the daemon hears of it */
 	return 0;
@@ -238,17 +262,52 @@ void vmm_region_destroy(struct region *r)
 	if (cr != CUDA_SUCCESS)
 		pr_debug("cuMemAddressFree(%#llx, %zu): %s\n", (unsigned long long)r->va, r->size,
 			 gpucr_strerror(gpucr_err_from_cu(cr)));
-	if (r->prev)
-		r->prev->next = r->next;
-	else
-		regions = r->next;
-	if (r->next)
-		r->next->prev = r->prev;
+	region_unlink(r);
 	free(r->chunks);
 	free(r);
 	control_kick(); /* the daemon hears of it */
 }
 
+int vmm_region_adopt(int device, CUdeviceptr va, size_t size, CUmemGenericAllocationHandle h,
+		     struct region **ret_region)
+{
+	struct region *r;
+
+	if (!vmm_granularity(device))
+		return -EOPNOTSUPP;
+	r = calloc(1, sizeof(*r));
+	if (!r)
+		return -ENOMEM;
+	r->chunks = calloc(1, sizeof(*r->chunks));
+	if (!r->chunks) {
+		free(r);
+		return -ENOMEM;
+	}
+	r->va = va;
+	r->size = size;
+	r->device = device;
+	r->app = true;
+	r->nchunks = 1;
+	r->chunks[0] = (struct chunk){ .handle = h, .off = 0, .size = size, .mapped = true };
+	region_link(r);
+	*ret_region = r;
+	control_kick(); /* the daemon hears of it */
+	return 0;
+}
+
+CUmemGenericAllocationHandle vmm_region_disown(struct region *r)
+{
+	CUmemGenericAllocationHandle h = r->chunks[0].handle;
+
+	if (r->chunks[0].reported)
+		note_freed(r->va);
+	region_unlink(r);
+	free(r->access);
+	free(r->chunks);
+	free(r);
+	control_kick();
+	return h;
+}
 size_t vmm_chunk_count(size_t *ret_mapped)
 {
 	size_t n = 0, mapped = 0;
@@ -297,6 +356,7 @@ static int export_chunk(const struct region *r, const struct chunk *c, struct al
 		.device = r->device,
 		.fd = fd,
 		.slab = r->slab != NULL,
+		.app = r->app,
 		.reserve_va = r->va,
 		.reserve_size = r->size,
 	};
@@ -400,10 +460,52 @@ void vmm_forget_reports(void)
 	nfreed = freed_cap = 0;
 }
 
+/* The access the application granted to its adopted region r, kept for
+ * the remap: the driver forgets it with the mapping. Every device is asked
+ * (peers the application opened it to included); a driver that cannot say
+ * gets the owner's read-write access back, what the application needed to
+ * use the memory at all. */
+static int save_access(struct region *r)
+{
+	CUmemAccessDesc *v;
+	unsigned int n = 0;
+	int ndev = 0, d;
+
+	if (real.cuDeviceGetCount(&ndev) != CUDA_SUCCESS || ndev <= 0)
+		ndev = 0;
+	if (ndev > VMM_MAX_DEVICES)
+		ndev = VMM_MAX_DEVICES;
+	v = calloc(ndev ? (size_t)ndev : 1, sizeof(*v));
+	if (!v)
+		return -ENOMEM;
+	for (d = 0; d < ndev && real.cuMemGetAccess; d++) {
+		CUmemLocation loc = { .type = CU_MEM_LOCATION_TYPE_DEVICE, .id = d };
+		unsigned long long flags = 0;
+
+		if (real.cuMemGetAccess(&flags, &loc, r->va) != CUDA_SUCCESS ||
+		    flags == CU_MEM_ACCESS_FLAGS_PROT_NONE)
+			continue;
+		v[n].location = loc;
+		v[n].flags = (CUmemAccess_flags)flags;
+		n++;
+	}
+	if (!real.cuMemGetAccess) {
+		access_desc(r->device, &v[0]);
+		n = 1;
+	}
+	free(r->access);
+	r->access = v;
+	r->naccess = n;
+	pr_debug("app VMM mapping at %#llx (%zu bytes): access for %u device(s) kept for the remap\n",
+		 (unsigned long long)r->va, r->size, n);
+	return 0;
+}
+
 int vmm_release_all(void)
 {
 	struct region *r;
 	unsigned int i;
+	int err;
 
 	for (r = regions; r; r = r->next) {
 		for (i = 0; i < r->nchunks; i++) {
@@ -411,6 +513,8 @@ int vmm_release_all(void)
 			CUdeviceptr va = r->va + c->off;
 			CUresult cr;
 
+			if (c->mapped && r->app && (err = save_access(r)))
+				return err;
 			if (c->mapped) {
 				cr = real.cuMemUnmap(va, c->size);
 				if (cr != CUDA_SUCCESS) {
@@ -482,7 +586,8 @@ int vmm_remap_all(const struct alloc_chunk_fd *chunks, size_t count)
 					return gpucr_err_from_cu(cr);
 				}
 			}
-			cr = map_chunk(key.va, c->size, r->device, h);
+			cr = r->app ? map_chunk(key.va, c->size, r->device, h, r->access, r->naccess)
+				    : map_chunk(key.va, c->size, r->device, h, NULL, 0);
 			if (cr != CUDA_SUCCESS) {
 				pr_debug("remap of the chunk at %#llx: %s\n", (unsigned long long)key.va,
 					 gpucr_strerror(gpucr_err_from_cu(cr)));

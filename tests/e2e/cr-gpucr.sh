@@ -11,7 +11,8 @@
 # with non-CUDA children; the image written in the background (its write
 # held back until the driver is done, GPUCR_WRITE_AFTER_DRIVER=1); gpucr
 # dump / restore; gpucr checkpoint (periodic, rotated, restored from latest);
-# an application whose GPU memory is (all or partly) its own VMM memory.
+# an application whose GPU memory is (all or partly) its own VMM memory,
+# carried by the driver's checkpoint or, with GPUCR_APP_VMM=1, by gpucr's.
 set -u
 B=$(cd "${BUILD:-build}" && pwd)
 [ "$(id -u)" = 0 ] || { echo "skip: CRIU needs root"; exit 77; }
@@ -526,6 +527,44 @@ else
 	grep gpucr "$W/vmm-drv-fail/restore.log" | sed 's/^/    /'
 	kill -9 "$fpid" 2>/dev/null
 fi
+restart_daemon
+
+# 14. the same application with GPUCR_APP_VMM=1: the shim tracks its VMM
+# calls (virtual handles), and every handle it maps whole becomes a buffer
+# of gpucr's, released to gpucrd at the dump and mapped back at restore.
+# The test driver's checkpoint is the strict one here (no
+# FAKECUDA_CKPT_KEEPS_MEMORY): it refuses a process that still holds device
+# memory, so the dump passes only if the shim really gave all of it to
+# gpucrd. The application holds its handles (FAKE_APP_VMM_HOLD=1) and at
+# the end unmaps, maps again and releases them with their old values; with
+# FAKE_APP_VMM=1 it releases each handle once mapped (the mapping keeps the
+# memory) and its small buffers are cuMemAlloc'd.
+APP_ENV=(env LD_LIBRARY_PATH=$B/lib/gpucr GPUCR_REAL_LIBCUDA=$FAKE GPUCR_QUIESCE_GRACE_MS=50
+	FAKECUDA_RESTORE_THREAD=1 GPUCR_APP_VMM=1 GPUCR_LOG=debug FAKE_APP_VMM_HOLD=1 FAKE_APP_VMM=2)
+appvmm_checks() { # name
+	local p
+	p=$(cat "$W/$1.dumped" 2>/dev/null)
+	vmm_checks "$1"
+	if grep -q "): adopted$" "$W/$1.app.log" && grep -q "released [1-9][0-9]* chunk(s)" "$W/$1.app.log" &&
+		grep -q "mapped back at its addresses ([1-9][0-9]* chunks)" "$W/$1.app.log"; then
+		ok "$1: the application's VMM memory was adopted, released to gpucrd and mapped back ($(grep -o 'released [0-9]* chunk(s)' "$W/$1.app.log" | head -1))"
+	else
+		bad "$1: the application's VMM memory was not released to gpucrd and mapped back"
+		grep "adopted\|released\|mapped back\|fake-app\|fakecuda" "$W/$1.app.log" "$W/$1.flow.log" | tail -6 | sed 's/^/    /'
+	fi
+}
+flow appvmm-kill-restore "" ""
+appvmm_checks appvmm-kill-restore
+grep -q "pid $(cat "$W/appvmm-kill-restore.dumped" 2>/dev/null) (.*): restoring from retained GPU memory ([1-9][0-9]* MiB" "$W/gpucrd.log" &&
+	ok "appvmm-kill-restore: restored from the memory gpucrd kept" || bad "appvmm-kill-restore: not restored from retained memory"
+flow appvmm-daemon-restart "" restart_daemon
+appvmm_checks appvmm-daemon-restart
+grep -q "pid $(cat "$W/appvmm-daemon-restart.dumped" 2>/dev/null): [1-9][0-9]* MiB loaded from the image" "$W/gpucrd.log" &&
+	ok "appvmm-daemon-restart: restored from the image" || bad "appvmm-daemon-restart: the image was not loaded"
+APP_ENV[${#APP_ENV[@]}-2]=FAKE_APP_VMM_HOLD=0
+APP_ENV[${#APP_ENV[@]}-1]=FAKE_APP_VMM=1
+flow appvmm-mixed "" ""
+appvmm_checks appvmm-mixed
 restart_daemon
 
 echo "$fails failure(s)"

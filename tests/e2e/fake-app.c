@@ -22,8 +22,15 @@
  * passes those calls through without tracking them, so that memory is
  * carried only by the driver's own checkpoint. FAKE_APP_VMM=2 takes every
  * buffer from it (the small ones sub-allocated in the segment, as a caching
- * allocator does): no cuMemAlloc at all. The output is the same in every
- * mode. */
+ * allocator does): no cuMemAlloc at all. FAKE_APP_VMM_HOLD=1 keeps the
+ * handles (PyTorch keeps them to unmap later) instead of releasing each once
+ * mapped. At the end, before "done", the segment is taken down: with the
+ * handles held, each one's mapping is first checked (retained from its
+ * address, the same handle comes back), unmapped and mapped again with the
+ * handle it was created with (its contents unchanged), so that a run
+ * restored in between proves its old handles still work; then everything
+ * is unmapped and released and the reservation freed. Any failure exits
+ * without "done". The output is the same in every mode. */
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -51,6 +58,7 @@ struct seg {
 	CUdeviceptr base;
 	size_t size, mapped, used, gran;
 	CUdevice dev;
+	CUmemGenericAllocationHandle *h; /* per granule, with FAKE_APP_VMM_HOLD */
 };
 
 static void seg_init(struct seg *s, CUdevice dev, size_t size)
@@ -64,7 +72,59 @@ static void seg_init(struct seg *s, CUdevice dev, size_t size)
 	s->size = (size + s->gran - 1) / s->gran * s->gran;
 	s->dev = dev;
 	s->mapped = s->used = 0;
+	s->h = NULL;
+	if (getenv("FAKE_APP_VMM_HOLD") && atoi(getenv("FAKE_APP_VMM_HOLD")))
+		s->h = calloc(s->size / s->gran, sizeof(*s->h));
 	CK(cuMemAddressReserve(&s->base, s->size, 0, 0, 0));
+}
+
+static void seg_access(struct seg *s, CUdeviceptr at, size_t n)
+{
+	CUmemAccessDesc acc = { 0 };
+
+	acc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+	acc.location.id = s->dev;
+	acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+	CK(cuMemSetAccess(at, n, &acc, 1));
+}
+
+static void seg_fini(struct seg *s)
+{
+	unsigned char *a = malloc(s->gran), *b = malloc(s->gran);
+	size_t g;
+
+	if (!a || !b)
+		exit(3);
+	for (g = 0; s->h && g < s->mapped / s->gran; g++) {
+		CUdeviceptr at = s->base + g * s->gran;
+		CUmemGenericAllocationHandle r = 0;
+		CUmemAllocationProp prop;
+
+		CK(cuMemRetainAllocationHandle(&r, (void *)(uintptr_t)(at + 4096)));
+		if (r != s->h[g]) {
+			fprintf(stderr, "fake-app: granule %zu: retained handle %#llx, created %#llx\n", g, r, s->h[g]);
+			exit(3);
+		}
+		CK(cuMemRelease(r));
+		CK(cuMemGetAllocationPropertiesFromHandle(&prop, s->h[g]));
+		CK(cuMemcpyDtoH(a, at, s->gran));
+		CK(cuMemUnmap(at, s->gran));
+		CK(cuMemMap(at, s->gran, 0, s->h[g], 0));
+		seg_access(s, at, s->gran);
+		CK(cuMemcpyDtoH(b, at, s->gran));
+		if (memcmp(a, b, s->gran)) {
+			fprintf(stderr, "fake-app: granule %zu: contents changed when mapped again\n", g);
+			exit(3);
+		}
+	}
+	if (s->mapped)
+		CK(cuMemUnmap(s->base, s->mapped));
+	for (g = 0; s->h && g < s->mapped / s->gran; g++)
+		CK(cuMemRelease(s->h[g]));
+	CK(cuMemAddressFree(s->base, s->size));
+	free(a);
+	free(b);
+	free(s->h);
 }
 
 /* bytes from the segment, 512-byte aligned, mapping more of it as needed. */
@@ -86,18 +146,15 @@ static CUdeviceptr seg_alloc(struct seg *s, size_t bytes)
 		CK(cuMemCreate(&h, s->gran, &prop, 0));
 		CK(cuMemMap(s->base + s->mapped, s->gran, 0, h, 0));
 		/* The mapping keeps the memory; PyTorch keeps the handle to
-		 * unmap later, the app has no use for it. */
-		CK(cuMemRelease(h));
+		 * unmap later, the app needs it only when told to hold it. */
+		if (s->h)
+			s->h[s->mapped / s->gran] = h;
+		else
+			CK(cuMemRelease(h));
 		s->mapped += s->gran;
 	}
-	if (s->mapped > start) {
-		CUmemAccessDesc acc = { 0 };
-
-		acc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-		acc.location.id = s->dev;
-		acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-		CK(cuMemSetAccess(s->base + start, s->mapped - start, &acc, 1));
-	}
+	if (s->mapped > start)
+		seg_access(s, s->base + start, s->mapped - start);
 	s->used = at + bytes;
 	return s->base + at;
 }
@@ -278,6 +335,8 @@ int main(int argc, char **argv)
 		}
 		nanosleep(&ts, NULL);
 	}
+	if (vmm)
+		seg_fini(&seg);
 	{
 		FILE *f = fopen(argv[1], "a");
 

@@ -73,6 +73,10 @@ workload_cmd() {
 	# them through; the driver's checkpoint carries that memory); in the GPU
 	# suite's default list, not in WORKLOADS_ALL
 	torch-train-expandable) echo "env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True python3 $G/torch_train.py --steps 20 --step-sleep 0.1 --out" ;;
+	# The same with the shim tracking those calls (GPUCR_APP_VMM=1, off by
+	# default until this has been measured): the segments' memory goes to
+	# gpucrd like gpucr's own, the driver's checkpoint has none to move
+	torch-train-expandable-appvmm) echo "env GPUCR_APP_VMM=1 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True python3 $G/torch_train.py --steps 20 --step-sleep 0.1 --out" ;;
 	# ~0.6 G parameters with Adam: about 12 GB of GPU state (issue 7's
 	# checkpoint-cost workload); not in WORKLOADS_ALL
 	torch-train-big) echo "python3 $G/torch_train.py --dim 2048 --layers 12 --steps 30 --step-sleep 0.05 --out" ;;

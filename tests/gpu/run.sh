@@ -7,8 +7,9 @@
 # Knobs (environment): SIZES (GiB of the CUDA program, default "1 16";
 # stock and gpucr at each; `make bench` adds 4), MODES (gpucr's modes for
 # it, default "gpucr gpucr-image"), WORKLOADS (default the four PyTorch
-# ones and torch-train-expandable: training with PyTorch's expandable
-# segments), WORKLOAD_MODES (default "gpucr-image", the harder path; `make
+# ones, torch-train-expandable: training with PyTorch's expandable
+# segments, and torch-train-expandable-appvmm: the same with
+# GPUCR_APP_VMM=1), WORKLOAD_MODES (default "gpucr-image", the harder path; `make
 # bench` runs them from retained memory and against the stock path),
 # STOCK_SIZES (default SIZES; "" skips the stock path), SHIM_TORCH_VARIANTS,
 # IMG_SIZES (each "" skips its part), BIG (64 GiB for gpucr alone:
@@ -166,7 +167,7 @@ if [ -f "$B/lib/criu/gpucr_plugin.so" ] && [ -z "${SKIP_GPUCR_CR:-}" ]; then
 	# GEMM loop (checksums), torch.compile (Triton kernels): after a restore
 	# every step must be bit-identical to an uninterrupted run.
 	if python3 -c 'import torch' 2>/dev/null; then
-		for name in ${WORKLOADS:-$WORKLOADS_ALL torch-train-expandable}; do
+		for name in ${WORKLOADS:-$WORKLOADS_ALL torch-train-expandable torch-train-expandable-appvmm}; do
 			cmd=$(workload_cmd "$name") || { result "$name" - FAIL "no such workload"; continue; }
 			$cmd "$WORK/$name-ref.log" >"$WORK/$name-ref.err" 2>&1 ||
 				{ result "$name-reference" - FAIL "$(tail -2 "$WORK/$name-ref.err" | tr '\n' ' ')"; continue; }

@@ -200,6 +200,14 @@ static int driver_resume(struct tracked *t)
 		return r;
 	}
 	r = thread_resume(tid, &h);
+	if (r == -ESRCH) {
+		/* CRIU does not hold it stopped: the dump failed before CRIU
+		 * seized the process (a driver checkpoint that failed in the
+		 * pause hook), or CRIU let it go. Its restore thread runs on
+		 * its own; left locked, its next CUDA call would wait for ever. */
+		pl_info("pid %d: not stopped by CRIU; driver restore and unlock with it running", t->pid);
+		return driver_restore_unlock(t);
+	}
 	if (r < 0)
 		return r;
 	r = driver_restore_unlock(t);

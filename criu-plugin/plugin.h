@@ -40,6 +40,8 @@ struct held_thread {
 	int tid;
 	uint64_t sigmask;
 };
+/* -ESRCH, with nothing logged: tid is not a thread CRIU holds stopped (it
+ * runs, or is gone). */
 int thread_resume(int tid, struct held_thread *ret);
 int thread_stop_again(struct held_thread *h);
 

@@ -25,6 +25,8 @@ int thread_resume(int tid, struct held_thread *h)
 	memset(h, 0, sizeof(*h));
 	h->tid = tid;
 	if (ptrace(PTRACE_GETSIGMASK, tid, sizeof(h->sigmask), &h->sigmask) < 0) {
+		if (errno == ESRCH)
+			return -ESRCH; /* not stopped by CRIU: the caller decides */
 		pl_err("thread %d: cannot read its signal mask: %s", tid, strerror(errno));
 		return -errno;
 	}

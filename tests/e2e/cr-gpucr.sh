@@ -106,6 +106,34 @@ else
 	check_same slow-close
 fi
 
+# 2c. The driver's checkpoint fails (in gpucrd, which makes the driver
+# calls of a process under gpucr): CRIU's dump fails in its pause hook,
+# before it has seized the process, and the process must go on with its
+# memory: unlocked by the driver, woken, mapped back. The plugin used to
+# try the restore thread's ptrace dance on a process CRIU did not hold,
+# fail at it, and leave the process locked: its next CUDA call waited for
+# ever.
+stop_daemon
+FAKECUDA_FAIL=cuCheckpointProcessCheckpoint start_daemon
+setsid "${APP_ENV[@]}" "$B/tests/e2e-fake-app" "$W/ckfail.out" $STEPS 4 </dev/null >"$W/ckfail.app.log" 2>&1 &
+ckpid=$!
+for _ in $(seq 1 400); do [ -f "$W/ckfail.out" ] && [ "$(wc -l <"$W/ckfail.out")" -ge 10 ] && break; sleep 0.02; done
+mkdir -p "$W/ckfail"
+if criu dump -t $ckpid -D "$W/ckfail" -o dump.log -v4 >/dev/null 2>&1; then
+	bad "ckpt-fail: the dump succeeded although the driver's checkpoint failed"
+fi
+for _ in $(seq 1 750); do grep -q '^done' "$W/ckfail.out" 2>/dev/null && break; sleep 0.02; done
+if grep -q '^done' "$W/ckfail.out" && cmp -s "$W/ref" "$W/ckfail.out"; then
+	ok "ckpt-fail: a failed driver checkpoint failed the dump, and the process went on to the same results"
+else
+	bad "ckpt-fail: after a failed driver checkpoint the process did not finish (or differs) within 15 s"
+	grep gpucr "$W/ckfail/dump.log" | tail -5 | sed 's/^/    /'
+	tail -3 "$W/ckfail.app.log" | sed 's/^/    /'
+fi
+kill -9 $ckpid 2>/dev/null
+wait $ckpid 2>/dev/null
+restart_daemon
+
 # 3. gpucrd restarted between dump and restore: restore from the image.
 flow daemon-restart "" restart_daemon
 check_same daemon-restart

@@ -24,6 +24,34 @@ static inline void use_fake(void)
 	setenv("GPUCR_REAL_LIBCUDA", FAKECUDA_LIB, 1);
 }
 
+/* Device memory [p, p + n) filled with a pattern of seed, and checked
+ * against it (1: the same). */
+static inline void fill(CUdeviceptr p, size_t n, unsigned seed)
+{
+	unsigned char *b = malloc(n);
+
+	REQUIRE(b);
+	for (size_t i = 0; i < n; i++)
+		b[i] = (unsigned char)(seed + i * 31);
+	REQUIRE(cuMemcpyHtoD_v2(p, b, n) == CUDA_SUCCESS);
+	free(b);
+}
+
+static inline int same(CUdeviceptr p, size_t n, unsigned seed)
+{
+	unsigned char *b = malloc(n);
+	int ok = 1;
+
+	REQUIRE(b);
+	if (cuMemcpyDtoH_v2(b, p, n) != CUDA_SUCCESS)
+		ok = 0;
+	for (size_t i = 0; ok && i < n; i++)
+		if (b[i] != (unsigned char)(seed + i * 31))
+			ok = 0;
+	free(b);
+	return ok;
+}
+
 /* The start of a test of the shim's internals on the test driver: a time
  * limit, the fake (or a skip), no control thread (GPUCR_DAEMON=0), the
  * driver initialised and device 0's primary context current. */

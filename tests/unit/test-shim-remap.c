@@ -19,32 +19,6 @@
 
 #define MIB (1UL << 20)
 
-static void fill(CUdeviceptr p, size_t n, unsigned seed)
-{
-	unsigned char *b = malloc(n);
-
-	REQUIRE(b);
-	for (size_t i = 0; i < n; i++)
-		b[i] = (unsigned char)(seed + i * 31);
-	REQUIRE(cuMemcpyHtoD_v2(p, b, n) == CUDA_SUCCESS);
-	free(b);
-}
-
-static int same(CUdeviceptr p, size_t n, unsigned seed)
-{
-	unsigned char *b = malloc(n);
-	int ok = 1;
-
-	REQUIRE(b);
-	if (cuMemcpyDtoH_v2(b, p, n) != CUDA_SUCCESS)
-		ok = 0;
-	for (size_t i = 0; ok && i < n; i++)
-		if (b[i] != (unsigned char)(seed + i * 31))
-			ok = 0;
-	free(b);
-	return ok;
-}
-
 static const struct alloc_chunk_fd *chunk_of(const struct alloc_chunk_fd *c, size_t n, CUdeviceptr p)
 {
 	for (size_t i = 0; i < n; i++)

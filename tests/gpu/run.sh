@@ -15,7 +15,10 @@
 # IMG_SIZES (each "" skips its part), BIG (64 GiB for gpucr alone:
 # auto, 0 or 1), STEPS, SKIP_TORCH, SKIP_GPUCR_CR, KEEP_LOGS=DIR (keep
 # CRIU's and gpucrd's logs of each cycle; KEEP_LOGS_MODES to choose),
-# ESCAPE_GIB (the escape check's size, default 4; 0 skips it).
+# ESCAPE_GIB (the escape check's size, default 4; 0 skips it),
+# GPU_TEST_BUDGET_S (default 540: checks that would start later are
+# skipped, and say so, so that the suite ends with its count inside one
+# 10-minute call).
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
 if [ -z "${B:-}" ]; then
@@ -33,6 +36,13 @@ mkdir -p "$WORK"
 export B WORK PATH="$B/bin:$PATH"
 . "$B/share/gpucr/tests/gpu/lib.sh"
 pass=0 fail=0 skip=0
+
+# over_budget NAME SIZE: true (and a SKIP line) once GPU_TEST_BUDGET_S is spent.
+over_budget() {
+	[ "$SECONDS" -lt "${GPU_TEST_BUDGET_S:-540}" ] && return 1
+	result "$1" "$2" SKIP "not started: the suite's time budget (GPU_TEST_BUDGET_S=${GPU_TEST_BUDGET_S:-540} s) is spent"
+	return 0
+}
 
 result() { # name size status detail; then when (seconds since the suite started)
 	printf '%-28s %-7s %-4s %s [at %ss]\n' "$1" "$2" "$3" "$4" "$SECONDS"
@@ -168,6 +178,7 @@ if [ -f "$B/lib/criu/gpucr_plugin.so" ] && [ -z "${SKIP_GPUCR_CR:-}" ]; then
 	# every step must be bit-identical to an uninterrupted run.
 	if python3 -c 'import torch' 2>/dev/null; then
 		for name in ${WORKLOADS:-$WORKLOADS_ALL torch-train-expandable torch-train-expandable-appvmm}; do
+			over_budget "gpucr-image-criu-$name" - && continue
 			cmd=$(workload_cmd "$name") || { result "$name" - FAIL "no such workload"; continue; }
 			$cmd "$WORK/$name-ref.log" >"$WORK/$name-ref.err" 2>&1 ||
 				{ result "$name-reference" - FAIL "$(tail -2 "$WORK/$name-ref.err" | tr '\n' ' ')"; continue; }
@@ -187,6 +198,7 @@ if [ -f "$B/lib/criu/gpucr_plugin.so" ] && [ -z "${SKIP_GPUCR_CR:-}" ]; then
 	# results; and what the checkpoint cost the program's loop.
 	g=${SIZES##* }
 	for mode in gpucr gpucr-stop; do
+		over_budget "$mode-checkpoint-cuda-prog" "${g}GiB" && continue
 		if r=$(ckpt_cycle $mode "cuda-prog-$g" 10 "$WORK/ref-$g.log" "$B/tests/gpu/cuda-prog --gib $g --steps $STEPS --step-ms 50 --out"); then
 			set -- $r
 			result "$mode-checkpoint-cuda-prog" "${g}GiB" PASS "loop lost ${1} ms, checkpoint ${2}s, restore ${3}s, output identical"
@@ -201,7 +213,7 @@ if [ -f "$B/lib/criu/gpucr_plugin.so" ] && [ -z "${SKIP_GPUCR_CR:-}" ]; then
 	# gpucrd must find the chunk changed, gpucr dump retry with the program
 	# stopped, and the image restored give the uninterrupted run's results.
 	g=${ESCAPE_GIB:-4}
-	if [ "$g" != 0 ]; then
+	if [ "$g" != 0 ] && ! over_budget gpucr-escape-checkpoint-cuda-prog "${g}GiB"; then
 		name=gpucr-escape-checkpoint-cuda-prog
 		ecmd="$B/tests/gpu/cuda-prog --gib $g --steps 40 --step-ms 50 --escape --out"
 		if ! $ecmd "$WORK/ref-esc-$g.log" 2>"$WORK/ref-esc-$g.err"; then
@@ -249,7 +261,9 @@ if [ -f "$B/lib/criu/gpucr_plugin.so" ] && [ -z "${SKIP_GPUCR_CR:-}" ]; then
 	# A CUDA program not started under gpucr, with gpucr's plugin: the
 	# driver-only fallback (what CRIU's own cuda plugin does).
 	g=${SIZES%% *}
-	if r=$(CR_TIMEOUT=120 cr_cycle_cuda_prog plain "$g" 10 "$WORK/ref-$g.log" "$STEPS"); then
+	if over_budget plain-criu-cuda-prog "${g}GiB"; then
+		:
+	elif r=$(CR_TIMEOUT=120 cr_cycle_cuda_prog plain "$g" 10 "$WORK/ref-$g.log" "$STEPS"); then
 		set -- $r
 		result "plain-criu-cuda-prog" "${g}GiB" PASS "dump ${1}s restore ${2}s (first step ${3}s) image $(($4 / 1048576)) MiB, output identical"
 	else
@@ -265,7 +279,7 @@ if [ -f "$B/lib/criu/gpucr_plugin.so" ] && [ -z "${SKIP_GPUCR_CR:-}" ]; then
 		hmem=$(awk '/MemTotal/ { print int($2 / 1048576) }' /proc/meminfo)
 		[ "${gmem:-0}" -ge 81920 ] && [ "$hmem" -ge 100 ] && big=1 || big=0
 	fi
-	if [ "$big" = 1 ]; then
+	if [ "$big" = 1 ] && ! over_budget gpucr-criu-cuda-prog 64GiB; then
 		"$B/tests/gpu/cuda-prog" --gib 64 --steps 20 --step-ms 50 --out "$WORK/ref-64.log"
 		if r=$(cr_cycle_cuda_prog gpucr 64 8 "$WORK/ref-64.log" 20); then
 			set -- $r

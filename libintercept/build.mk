@@ -85,8 +85,12 @@ SHIM_TEST_CFLAGS = $(CFLAGS) -Itests/unit -Itests/fakecuda -Ilibintercept -I$(SH
 # The fake is built first when its makefile is part of the build.
 SHIM_TEST_FAKE := $(if $(wildcard tests/fakecuda/build.mk),$(BUILD)/fakecuda/libcuda.so.1)
 
+# Their shared headers (shimtest.h, gatetest.h, ...) are prerequisites too:
+# these rules keep no dependency files.
+SHIM_TEST_HDRS := $(wildcard tests/unit/*.h)
+
 $(SHIM_TESTS_SO:%=$(BUILD)/tests/unit-shim-%): $(BUILD)/tests/unit-shim-%: tests/unit/test-shim-%.c \
-		$(SHIM_LIB) | $(SHIM_TEST_FAKE)
+		$(SHIM_TEST_HDRS) $(SHIM_LIB) | $(SHIM_TEST_FAKE)
 	@mkdir -p $(@D)
 	$(CC) $(SHIM_TEST_CFLAGS) -o $@ $< $(SHIM_LIB) -Wl,-rpath,$(abspath $(BUILD))/lib/gpucr \
 		$(LDFLAGS) -ldl -lpthread
@@ -97,14 +101,14 @@ $(BUILD)/tests/unit-shim-counts: SHIM_TEST_CFLAGS += -D__CUDA_API_VERSION_INTERN
 # Linked against the shim as installed, plus common/ for a fake daemon
 # (tests/unit/fakegpucrd.h); the shim's own copy of common/ stays hidden.
 $(SHIM_TESTS_SOC:%=$(BUILD)/tests/unit-shim-%): $(BUILD)/tests/unit-shim-%: tests/unit/test-shim-%.c \
-		tests/unit/fakegpucrd.h $(SHIM_LIB) $(COMMON_LIB) | $(SHIM_TEST_FAKE)
+		$(SHIM_TEST_HDRS) $(SHIM_LIB) $(COMMON_LIB) | $(SHIM_TEST_FAKE)
 	@mkdir -p $(@D)
 	$(CC) $(SHIM_TEST_CFLAGS) -o $@ $< $(SHIM_LIB) $(COMMON_LIB) -Wl,-rpath,$(abspath $(BUILD))/lib/gpucr \
 		$(LDFLAGS) -ldl -lpthread
 
 # Built from the archive: the internal API is hidden in the shared object.
 $(SHIM_TESTS_AR:%=$(BUILD)/tests/unit-shim-%): $(BUILD)/tests/unit-shim-%: tests/unit/test-shim-%.c \
-		$(SHIM_ARCHIVE) $(COMMON_LIB) | $(SHIM_TEST_FAKE)
+		$(SHIM_TEST_HDRS) $(SHIM_ARCHIVE) $(COMMON_LIB) | $(SHIM_TEST_FAKE)
 	@mkdir -p $(@D)
 	$(CC) $(SHIM_TEST_CFLAGS) -D__CUDA_API_VERSION_INTERNAL -o $@ $< $(SHIM_ARCHIVE) $(COMMON_LIB) \
 		$(LDFLAGS) -ldl -lpthread

@@ -49,7 +49,7 @@ typedef CUresult (*set8_async_fn)(CUdeviceptr, unsigned char, size_t, CUstream);
 
 static struct gpucr_shim_counts want;
 static CUcontext ctx;
-static CUfunction fill;
+static CUfunction fill_fn;
 static CUdeviceptr A, B;
 static gpa_v2_fn gpa;
 static launch_fn lk;
@@ -107,8 +107,8 @@ static void *launcher(void *arg)
 
 	REQUIRE(cuCtxSetCurrent(ctx) == CUDA_SUCCESS);
 	for (int i = 0; i < PER_THREAD && r == CUDA_SUCCESS; i++)
-		r = (i & 1) ? lk(fill, 1, 1, 1, 1, 1, 1, 0, NULL, params, NULL)
-			    : cuLaunchKernel(fill, 1, 1, 1, 1, 1, 1, 0, NULL, params, NULL);
+		r = (i & 1) ? lk(fill_fn, 1, 1, 1, 1, 1, 1, 0, NULL, params, NULL)
+			    : cuLaunchKernel(fill_fn, 1, 1, 1, 1, 1, 1, 0, NULL, params, NULL);
 	return (void *)(intptr_t)r;
 }
 
@@ -121,29 +121,29 @@ static void kernels(void)
 
 	REQUIRE(cuStreamCreate(&s, 0) == CUDA_SUCCESS);
 	for (int i = 0; i < 5; i++)
-		ISSUE(kernels, cuLaunchKernel(fill, 1, 1, 1, 32, 1, 1, 0, s, params, NULL));
+		ISSUE(kernels, cuLaunchKernel(fill_fn, 1, 1, 1, 32, 1, 1, 0, s, params, NULL));
 	memset(&cfg, 0, sizeof(cfg));
 	cfg.gridDimX = cfg.gridDimY = cfg.gridDimZ = 1;
 	cfg.blockDimX = 32;
 	cfg.blockDimY = cfg.blockDimZ = 1;
 	cfg.hStream = s;
-	ISSUE(kernels, cuLaunchKernelEx(&cfg, fill, params, NULL));
-	ISSUE(kernels, cuLaunchCooperativeKernel(fill, 1, 1, 1, 32, 1, 1, 0, s, params));
+	ISSUE(kernels, cuLaunchKernelEx(&cfg, fill_fn, params, NULL));
+	ISSUE(kernels, cuLaunchCooperativeKernel(fill_fn, 1, 1, 1, 32, 1, 1, 0, s, params));
 	CHECK_EQ_INT(read_int(A + 255 * sizeof(int)), 3);
 	expect("exported launches");
 
 	/* Through looked-up pointers: gpucr's wrappers, which count. */
 	lk = (launch_fn)lookup("cuLaunchKernel", CU_GET_PROC_ADDRESS_DEFAULT);
 	for (int i = 0; i < 7; i++)
-		ISSUE(kernels, lk(fill, 1, 1, 1, 32, 1, 1, 0, NULL, params, NULL));
+		ISSUE(kernels, lk(fill_fn, 1, 1, 1, 32, 1, 1, 0, NULL, params, NULL));
 	ISSUE(kernels, ((launch_fn)lookup("cuLaunchKernel", CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM))(
-			       fill, 1, 1, 1, 32, 1, 1, 0, NULL, params, NULL));
-	ISSUE(kernels, ((launch_ex_fn)lookup("cuLaunchKernelEx", CU_GET_PROC_ADDRESS_DEFAULT))(&cfg, fill, params,
+			       fill_fn, 1, 1, 1, 32, 1, 1, 0, NULL, params, NULL));
+	ISSUE(kernels, ((launch_ex_fn)lookup("cuLaunchKernelEx", CU_GET_PROC_ADDRESS_DEFAULT))(&cfg, fill_fn, params,
 											      NULL));
 	ISSUE(kernels, ((launch_coop_fn)lookup("cuLaunchCooperativeKernel", CU_GET_PROC_ADDRESS_DEFAULT))(
-			       fill, 1, 1, 1, 32, 1, 1, 0, s, params));
+			       fill_fn, 1, 1, 1, 32, 1, 1, 0, s, params));
 	/* A launch call counts whether or not the driver takes it. */
-	CHECK_EQ_INT(cuLaunchKernel(fill, 0, 1, 1, 32, 1, 1, 0, s, params, NULL), CUDA_ERROR_INVALID_VALUE);
+	CHECK_EQ_INT(cuLaunchKernel(fill_fn, 0, 1, 1, 32, 1, 1, 0, s, params, NULL), CUDA_ERROR_INVALID_VALUE);
 	want.kernels++;
 	expect("looked-up launches");
 
@@ -192,7 +192,7 @@ static void graphs(void)
 	REQUIRE(cuStreamCreate(&s, 0) == CUDA_SUCCESS);
 	REQUIRE(cuGraphCreate(&g, 0) == CUDA_SUCCESS);
 	memset(&kp, 0, sizeof(kp));
-	kp.func = fill;
+	kp.func = fill_fn;
 	kp.gridDimX = kp.gridDimY = kp.gridDimZ = 1;
 	kp.blockDimX = kp.blockDimY = kp.blockDimZ = 1;
 	kp.kernelParams = params;
@@ -316,9 +316,9 @@ int main(void)
 	CHECK_EQ_INT(gpucr_shim_counts(&c, 2 * sizeof(c)), (int)sizeof(c));
 
 	reg = (reg_fn)fakecuda_sym("fakecuda_register_kernel");
-	REQUIRE(reg && reg("fill", shim_fill_kernel, 3, fill_sizes) == 0);
+	REQUIRE(reg && reg("fill_fn", shim_fill_kernel, 3, fill_sizes) == 0);
 	REQUIRE(cuModuleLoadData(&mod, "fake") == CUDA_SUCCESS);
-	REQUIRE(cuModuleGetFunction(&fill, mod, "fill") == CUDA_SUCCESS);
+	REQUIRE(cuModuleGetFunction(&fill_fn, mod, "fill_fn") == CUDA_SUCCESS);
 	REQUIRE(cuMemAlloc_v2(&A, BUF) == CUDA_SUCCESS);
 	REQUIRE(cuMemAlloc_v2(&B, BUF) == CUDA_SUCCESS);
 	/* cudart's way in: the lookup itself, then everything through it. */

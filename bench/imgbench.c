@@ -35,6 +35,17 @@ void dump_shim_detached(struct proc *p)
 	(void)p;
 }
 
+int precopy_running(const struct proc *p)
+{
+	(void)p;
+	return 0;
+}
+
+void precopy_free(struct precopy *pc)
+{
+	(void)pc;
+}
+
 static double now(void)
 {
 	struct timespec ts;

@@ -305,7 +305,7 @@ int cmd_checkpoint(int argc, char **argv)
 		snprintf(final, sizeof(final), "%s/%s", dir, name);
 		rm_rf(part);
 		fflush(stdout);
-		r = cli_dump(pid, part, 1, criu_given, argv + optind, argc - optind, &res);
+		r = cli_dump(pid, part, 1, criu_given, argv + optind, argc - optind, -1, &res);
 		if (r == CLI_OK && rename(part, final) < 0) {
 			fprintf(stderr, "gpucr checkpoint: %s: %s\n", final, strerror(errno));
 			r = CLI_FAIL;

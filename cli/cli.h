@@ -43,9 +43,19 @@ void help_checkpoint(FILE *f);
 struct cli_dump_result {
 	double criu_s;          /* CRIU's run: the process is frozen within it */
 	double total_s;         /* until every GPU image was complete */
+	/* --pre-copy: the processes of the tree pre-copied before CRIU ran */
+	unsigned precopied;     /* processes */
+	double precopy_s;
+	uint64_t precopy_bytes, precopy_dirty;  /* written in all rounds; dirty when they stopped */
+	unsigned precopy_rounds;                /* the most rounds of any process */
+	unsigned finished;      /* images finished from their pre-copy */
+	uint64_t final_bytes, kept_bytes;       /* written at T; kept from the pre-copy */
+	double final_s;         /* the longest final pass */
 };
+/* precopy_rounds < 0: no pre-copy; else at most that many rounds after the
+ * first copy (gpucrd's PreCopyRequest). */
 int cli_dump(long pid, const char *dir, int leave, const char *criu_given, char **extra, int nextra,
-	     struct cli_dump_result *res);
+	     int precopy_rounds, struct cli_dump_result *res);
 
 /* client.c */
 int cli_connect(const char *socket_path);

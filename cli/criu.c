@@ -19,7 +19,8 @@
 void help_dump(FILE *f)
 {
 	fprintf(f,
-		"Usage: gpucr dump --pid PID -D DIR [--leave-running] [--json] [--criu PATH] [-- CRIU-ARGS...]\n\n"
+		"Usage: gpucr dump --pid PID -D DIR [--leave-running] [--pre-copy [--pre-copy-rounds N]] [--json]\n"
+		"                  [--criu PATH] [-- CRIU-ARGS...]\n\n"
 		"Checkpoints process PID (and its children) with CRIU and gpucr's plugin into\n"
 		"DIR: CRIU's images plus gpucr-<pid>.img and gpucr-pages-<pid>.img for each\n"
 		"process started under `gpucr run`. CUDA processes not started under gpucr are\n"
@@ -31,6 +32,12 @@ void help_dump(FILE *f)
 		"  -t, --pid PID        the process tree to dump\n"
 		"  -D, --images-dir DIR where the images go (created if missing)\n"
 		"  -R, --leave-running  keep the process running after the dump\n"
+		"  --pre-copy           for a migration: before CRIU runs, gpucrd writes the GPU memory of\n"
+		"                       every gpucr process of the tree into DIR while it keeps running, then\n"
+		"                       rewrites what changed, in rounds, while that shrinks; the dump then\n"
+		"                       writes only the chunks that changed since (fingerprints decide; the\n"
+		"                       rest is read back and checked), so the image is complete sooner\n"
+		"  --pre-copy-rounds N  at most N rounds after the first copy (default 4)\n"
 		"  --criu PATH          the criu binary (default: criu beside gpucr, else on PATH)\n"
 		"  --json               one JSON object on stdout at the end (the rest goes to stderr)\n"
 		"Arguments after -- go to criu as they are.\n");
@@ -62,7 +69,25 @@ static FILE *json_take_stdout(void)
 	return fdopen(fd, "w");
 }
 
-static void json_result(FILE *f, const char *cmd, long pid, const char *dir, int ok, double criu_s, double total_s)
+static void json_precopy(struct json *j, const struct cli_dump_result *res)
+{
+	if (!res || !res->precopied)
+		return;
+	json_obj_begin(j, "pre_copy");
+	json_u64(j, "processes", res->precopied);
+	json_u64(j, "bytes", res->precopy_bytes);
+	json_u64(j, "rounds", res->precopy_rounds);
+	json_u64(j, "dirty_bytes", res->precopy_dirty);
+	json_u64(j, "ms", (uint64_t)(res->precopy_s * 1000));
+	json_u64(j, "finished_from", res->finished);
+	json_u64(j, "final_bytes", res->final_bytes);
+	json_u64(j, "kept_bytes", res->kept_bytes);
+	json_u64(j, "final_pass_ms", (uint64_t)(res->final_s * 1000));
+	json_obj_end(j);
+}
+
+static void json_result_ex(FILE *f, const char *cmd, long pid, const char *dir, int ok, double criu_s, double total_s,
+			   const struct cli_dump_result *res)
 {
 	struct json j;
 
@@ -78,9 +103,15 @@ static void json_result(FILE *f, const char *cmd, long pid, const char *dir, int
 	json_u64(&j, "criu_ms", (uint64_t)(criu_s * 1000));
 	if (total_s > 0)
 		json_u64(&j, "total_ms", (uint64_t)(total_s * 1000));
+	json_precopy(&j, res);
 	json_obj_end(&j);
 	json_end(&j);
 	fclose(f);
+}
+
+static void json_result(FILE *f, const char *cmd, long pid, const char *dir, int ok, double criu_s, double total_s)
+{
+	json_result_ex(f, cmd, pid, dir, ok, criu_s, total_s, NULL);
 }
 
 static double now(void)
@@ -228,7 +259,7 @@ static int images_in_progress(const char *real, uint32_t *pids, size_t max, size
  * takes minutes, so the wait is bounded by progress: no byte written for
  * GPUCR_IMAGE_STALL_MS (default 120000; 0: no bound) ends it with an error
  * (gpucrd goes on writing; `gpucr ps` shows how far it got). */
-static int wait_images(const char *dir, double t0)
+static int wait_images(const char *dir, double t0, struct cli_dump_result *res)
 {
 	uint32_t pids[256];
 	uint64_t done, total, seen = 0;
@@ -285,8 +316,28 @@ static int wait_images(const char *dir, double t0)
 			if (wr && wr->err == -ESTALE)
 				stale++;
 		} else {
+			const Gpucr__DumpReply *dr = wr->body_case == GPUCR__MSG__BODY_DUMP_REPLY ? wr->dump_reply : NULL;
+
 			printf("gpucr dump: GPU image of pid %u complete %.2f s after the dump started\n", pids[i],
 			       now() - t0);
+			if (dr && dr->pre_copied) {
+				char b1[32], b2[32], b3[32];
+
+				printf("gpucr dump: pid %u: finished from its pre-copy (%s in %u round(s)): %s written at T, "
+				       "%s kept; final pass %.3f s\n",
+				       pids[i], cli_bytes(b1, sizeof(b1), dr->precopy_bytes), dr->precopy_rounds,
+				       cli_bytes(b2, sizeof(b2), dr->final_bytes), cli_bytes(b3, sizeof(b3), dr->reused_bytes),
+				       dr->final_ns / 1e9);
+				res->finished++;
+				res->final_bytes += dr->final_bytes;
+				res->kept_bytes += dr->reused_bytes;
+				if (dr->final_ns / 1e9 > res->final_s)
+					res->final_s = dr->final_ns / 1e9;
+			} else if (res->precopied) {
+				printf("gpucr dump: pid %u: not finished from a pre-copy (everything written; gpucrd's log "
+				       "says why)\n",
+				       pids[i]);
+			}
 		}
 		msg_free(wr);
 	}
@@ -295,9 +346,106 @@ static int wait_images(const char *dir, double t0)
 
 /* One dump of pid's tree into dir (created if missing) with CRIU and
  * gpucr's plugin; waits for the GPU images. extra: more criu arguments. */
-int cli_dump(long pid, const char *dir, int leave, const char *criu_given, char **extra, int nextra,
-	     struct cli_dump_result *res)
+/* Is p pid root or one of its descendants? */
+static int in_tree(long p, long root)
 {
+	int hops;
+
+	for (hops = 0; p > 1 && hops < 4096; hops++) {
+		char path[64], buf[512], *e;
+		long ppid = 0;
+		FILE *f;
+
+		if (p == root)
+			return 1;
+		snprintf(path, sizeof(path), "/proc/%ld/stat", p);
+		f = fopen(path, "re");
+		if (!f)
+			return 0;
+		if (!fgets(buf, sizeof(buf), f))
+			buf[0] = 0;
+		fclose(f);
+		e = strrchr(buf, ')');
+		if (!e || sscanf(e + 2, "%*c %ld", &ppid) != 1)
+			return 0;
+		p = ppid;
+	}
+	return p == root;
+}
+
+/* PreCopyRequest for pid (discard: drop its pre-copy). */
+static int precopy_one(uint32_t pid, int dirfd, int rounds, int discard, Gpucr__Msg **ret)
+{
+	Gpucr__Msg m = GPUCR__MSG__INIT;
+	Gpucr__PreCopyRequest pr = GPUCR__PRE_COPY_REQUEST__INIT;
+
+	pr.pid = pid;
+	pr.has_max_rounds = rounds >= 0;
+	pr.max_rounds = rounds >= 0 ? (uint32_t)rounds : 0;
+	pr.has_discard = pr.discard = discard != 0;
+	m.body_case = GPUCR__MSG__BODY_PRE_COPY;
+	m.pre_copy = &pr;
+	return cli_call(&m, dirfd, ret);
+}
+
+/* Pre-copies every running gpucr process of pid's tree into dir; their
+ * pids into pids (at most max). A failure is reported and leaves the
+ * process to a full dump. */
+static void precopy_tree(long pid, const char *dir, int rounds, struct cli_dump_result *res, uint32_t *pids,
+			 size_t max, size_t *n)
+{
+	Gpucr__Msg *ps = NULL;
+	char why[256];
+	double t0 = now();
+	size_t i;
+	int dirfd;
+
+	*n = 0;
+	if (cli_connect(NULL) < 0 || cli_ps(&ps, why, sizeof(why)) < 0) {
+		fprintf(stderr, "gpucr dump: no pre-copy: gpucrd cannot be asked\n");
+		return;
+	}
+	dirfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	for (i = 0; dirfd >= 0 && i < ps->ps_reply->n_procs && *n < max; i++) {
+		const Gpucr__ProcInfo *pi = ps->ps_reply->procs[i];
+		Gpucr__Msg *rep = NULL;
+		char b1[32], b2[32];
+		int r;
+
+		if (pi->state != GPUCR__PROC_STATE__PROC_RUNNING || !in_tree(pi->pid, pid))
+			continue;
+		r = precopy_one(pi->pid, dirfd, rounds, 0, &rep);
+		if (r < 0 || rep->err || rep->body_case != GPUCR__MSG__BODY_PRE_COPY_REPLY) {
+			fprintf(stderr, "gpucr dump: pid %u: no pre-copy (its dump writes everything): %s\n", pi->pid,
+				r < 0 ? "gpucrd did not answer" : rep->err_msg ? rep->err_msg : "bad reply");
+			msg_free(rep);
+			continue;
+		}
+		printf("gpucr dump: pid %u pre-copied: %s written in %u round(s) after the first copy, %.2f s; %s dirty "
+		       "left for the dump\n",
+		       pi->pid, cli_bytes(b1, sizeof(b1), rep->pre_copy_reply->copied_bytes), rep->pre_copy_reply->rounds,
+		       rep->pre_copy_reply->elapsed_ns / 1e9, cli_bytes(b2, sizeof(b2), rep->pre_copy_reply->dirty_bytes));
+		res->precopied++;
+		res->precopy_bytes += rep->pre_copy_reply->copied_bytes;
+		res->precopy_dirty += rep->pre_copy_reply->dirty_bytes;
+		if (rep->pre_copy_reply->rounds > res->precopy_rounds)
+			res->precopy_rounds = rep->pre_copy_reply->rounds;
+		pids[(*n)++] = pi->pid;
+		msg_free(rep);
+	}
+	if (dirfd < 0)
+		fprintf(stderr, "gpucr dump: no pre-copy: %s: %s\n", dir, strerror(errno));
+	else
+		close(dirfd);
+	msg_free(ps);
+	res->precopy_s = now() - t0;
+}
+
+int cli_dump(long pid, const char *dir, int leave, const char *criu_given, char **extra, int nextra,
+	     int precopy_rounds, struct cli_dump_result *res)
+{
+	uint32_t pcpids[256];
+	size_t npc = 0, k;
 	char criu[PATH_MAX], pidbuf[32], *av[64];
 	int n = 0, r, i, marker;
 	double t0, t1;
@@ -307,6 +455,8 @@ int cli_dump(long pid, const char *dir, int leave, const char *criu_given, char 
 		fprintf(stderr, "gpucr dump: %s: %s\n", dir, strerror(errno));
 		return CLI_FAIL;
 	}
+	if (precopy_rounds >= 0)
+		precopy_tree(pid, dir, precopy_rounds, res, pcpids, 256, &npc);
 	find_criu(criu, sizeof(criu), criu_given);
 	plugin_dir();
 	snprintf(pidbuf, sizeof(pidbuf), "%ld", pid);
@@ -337,6 +487,13 @@ int cli_dump(long pid, const char *dir, int leave, const char *criu_given, char 
 	if (r != 0) {
 		fprintf(stderr, "gpucr dump: criu dump of pid %ld failed (exit %d) after %.2f s\n", pid, r, t1 - t0);
 		show_errors(dir, "dump.log");
+		for (k = 0; k < npc; k++) {
+			/* Its dump did not come: its pages go. */
+			Gpucr__Msg *rep = NULL;
+
+			precopy_one(pcpids[k], -1, -1, 1, &rep);
+			msg_free(rep);
+		}
 		return CLI_FAIL;
 	}
 	if (marker) {
@@ -351,13 +508,13 @@ int cli_dump(long pid, const char *dir, int leave, const char *criu_given, char 
 	}
 	printf("gpucr dump: pid %ld dumped into %s in %.2f s%s\n", pid, dir, t1 - t0,
 	       leave ? " (left running)" : "");
-	r = wait_images(dir, t0);
+	r = wait_images(dir, t0, res);
 	if (r == -ESTALE && leave && !(getenv("GPUCR_CONCURRENT") && !strcmp(getenv("GPUCR_CONCURRENT"), "0"))) {
 		/* The process ran while its memory was saved, and a write
 		 * escaped prediction: again, with it stopped until saved. */
 		fprintf(stderr, "gpucr dump: retrying with the process stopped until its GPU memory is saved\n");
 		setenv("GPUCR_CONCURRENT", "0", 1);
-		r = cli_dump(pid, dir, leave, criu_given, extra, nextra, res);
+		r = cli_dump(pid, dir, leave, criu_given, extra, nextra, -1, res);
 		unsetenv("GPUCR_CONCURRENT");
 		return r;
 	}
@@ -376,12 +533,15 @@ int cmd_dump(int argc, char **argv)
 		{ "leave-running", no_argument, NULL, 'R' },
 		{ "criu", required_argument, NULL, 'c' },
 		{ "json", no_argument, NULL, 'j' },
+		{ "pre-copy", no_argument, NULL, 'P' },
+		{ "pre-copy-rounds", required_argument, NULL, 'N' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
 	const char *dir = NULL, *criu_given = NULL;
 	struct cli_dump_result res;
-	int leave = 0, c, json = 0, r;
+	int leave = 0, c, json = 0, r, precopy = 0, rounds = 4;
+	char *end;
 	FILE *jf = NULL;
 	long pid = 0;
 
@@ -402,6 +562,15 @@ int cmd_dump(int argc, char **argv)
 		case 'j':
 			json = 1;
 			break;
+		case 'P':
+			precopy = 1;
+			break;
+		case 'N':
+			rounds = (int)strtol(optarg, &end, 10);
+			if (*end || rounds < 0 || rounds > 64)
+				return cli_usage_error("dump", "--pre-copy-rounds wants a number from 0 to 64");
+			precopy = 1;
+			break;
 		case 'h':
 			help_dump(stdout);
 			return CLI_OK;
@@ -413,8 +582,8 @@ int cmd_dump(int argc, char **argv)
 		return cli_usage_error("dump", "--pid PID and -D DIR are required");
 	if (json)
 		jf = json_take_stdout();
-	r = cli_dump(pid, dir, leave, criu_given, argv + optind, argc - optind, &res);
-	json_result(jf, "dump", pid, dir, r == CLI_OK, res.criu_s, res.total_s);
+	r = cli_dump(pid, dir, leave, criu_given, argv + optind, argc - optind, precopy ? rounds : -1, &res);
+	json_result_ex(jf, "dump", pid, dir, r == CLI_OK, res.criu_s, res.total_s, &res);
 	return r;
 }
 

@@ -257,6 +257,31 @@ fail:
 	return r;
 }
 
+int img_writer_reheader(struct img_writer *w, const Gpucr__ImageHeader *hdr, struct img_errbuf *eb)
+{
+	Gpucr__ImageHeader hcopy = *hdr;
+	int r;
+
+	if (w->nbuffers)
+		return set_err(eb, -EBUSY, "%s: the header cannot change after buffer records", w->img_tmp);
+	hcopy.format_version = IMG_FORMAT_VERSION;
+	hcopy.pid = w->pid;
+	hcopy.has_pages_files = w->npages > 1;
+	hcopy.pages_files = w->npages;
+	hcopy.has_image_id = 1;
+	hcopy.image_id.data = w->image_id;
+	hcopy.image_id.len = sizeof(w->image_id);
+	pthread_mutex_lock(&w->lock);
+	w->img_off = 16; /* right after the file header */
+	r = ftruncate(w->img_fd, (off_t)w->img_off) < 0 ? -errno : 0;
+	if (r == 0)
+		r = write_record(w, IMG_REC_HEADER, &hcopy.base);
+	pthread_mutex_unlock(&w->lock);
+	if (r < 0)
+		return set_err(eb, r, "%s: header record: %s", w->img_tmp, strerror(-r));
+	return 0;
+}
+
 unsigned img_writer_files(const struct img_writer *w)
 {
 	return w->npages;

@@ -53,6 +53,13 @@ struct img_writer;
 int img_writer_open(int dirfd, uint32_t pid, Gpucr__ImageHeader *hdr, struct img_writer **ret,
 		    struct img_errbuf *eb);
 
+/* Writes the header record again, from hdr (format version, pid, the image
+ * id and the number of pages files stay those of the open), dropping the
+ * one written before: for an image whose pages were written ahead of its
+ * records (a pre-copy), whose header is only known at T. Only before the
+ * first img_writer_add_buffer (-EBUSY after). */
+int img_writer_reheader(struct img_writer *w, const Gpucr__ImageHeader *hdr, struct img_errbuf *eb);
+
 /* Reserves len bytes of chunk data, rounded up to IMG_ALIGN, and returns the
  * file offset where they go (IMG_ALIGN aligned), in the first pages file or
  * in pages file `file`. Thread-safe. */

@@ -123,6 +123,9 @@ struct dump_op {
 	int finish_at_detach;       /* done before that: finished then */
 	int asked;                  /* ChunksSaved{all, escaped} sent: the epoch is over */
 	unsigned drain_ms;          /* the drain time the quiesce gave the shim */
+	struct precopy *pc;         /* the pre-copy its image is finished from, or NULL */
+	uint64_t pc_bytes;          /* what that pre-copy wrote, its rounds */
+	uint32_t pc_rounds;
 };
 
 static void answer_requester(struct dump_op *op)
@@ -147,6 +150,21 @@ static void answer_requester(struct dump_op *op)
 	op->req_conn = NULL;
 }
 
+/* A pre-copied image's figures into a DumpReply. */
+static void figures_reply(Gpucr__DumpReply *dr, const struct dump_figures *f)
+{
+	if (!f->pre_copied)
+		return;
+	dr->has_pre_copied = dr->pre_copied = 1;
+	dr->has_final_bytes = dr->has_reused_bytes = dr->has_final_ns = 1;
+	dr->final_bytes = f->final_bytes;
+	dr->reused_bytes = f->reused_bytes;
+	dr->final_ns = f->elapsed_ns;
+	dr->has_precopy_bytes = dr->has_precopy_rounds = 1;
+	dr->precopy_bytes = f->precopy_bytes;
+	dr->precopy_rounds = f->precopy_rounds;
+}
+
 static void answer_waiters(struct dump_op *op)
 {
 	Gpucr__DumpReply dr = GPUCR__DUMP_REPLY__INIT;
@@ -167,6 +185,7 @@ static void answer_waiters(struct dump_op *op)
 			dr.elapsed_ns = op->st.elapsed_ns;
 			dr.has_downtime_ns = 1;
 			dr.downtime_ns = op->t_released - op->t_start;
+			figures_reply(&dr, &op->p->last);
 			m.body_case = GPUCR__MSG__BODY_DUMP_REPLY;
 			m.dump_reply = &dr;
 			conn_reply(w->c, w->id, &m, NULL, 0);
@@ -203,6 +222,7 @@ static void op_free(struct dump_op *op)
 		op->p->dump = NULL;
 	if (op->dirfd >= 0)
 		close(op->dirfd);
+	precopy_free(op->pc);
 	if (op->cc) {
 		op->cc->async.data = op->cc;
 		uv_close((uv_handle_t *)&op->cc->async, cc_closed);
@@ -732,6 +752,7 @@ static void write_work(void *data)
 	}
 	op->st.progress_done = &op->p->io_done;
 	op->st.progress_total = &op->p->io_total;
+	op->st.precopy = precopy_image(op->pc);
 	op->err = imgio_write(op->p, op->dirfd, &op->st, op->msg, sizeof(op->msg));
 }
 
@@ -839,6 +860,12 @@ static void write_finish(struct dump_op *op)
 			(unsigned long long)(op->st.bytes >> 20), op->st.elapsed_ns / 1e9,
 			op->st.elapsed_ns ? op->st.stored / (op->st.elapsed_ns / 1e9) / 1e9 : 0.0,
 			op->st.held_ns >= 1000000 ? ", after it was held back for the driver" : "");
+		if (op->st.pre_copied)
+			pr_info("pid %d (%s): finished from its pre-copy (%llu MiB in %u round(s)): %llu MiB written at T, "
+				"%llu MiB kept; final pass %.3f s",
+				(int)op->pid, p->comm, (unsigned long long)(op->pc_bytes >> 20), op->pc_rounds,
+				(unsigned long long)(op->st.final_bytes >> 20),
+				(unsigned long long)(op->st.reused_bytes >> 20), op->st.elapsed_ns / 1e9);
 		if (p->state == GPUCR__PROC_STATE__PROC_RELEASED)
 			p->state = GPUCR__PROC_STATE__PROC_DUMPED;
 		p->image_done = 1;
@@ -859,6 +886,16 @@ static void write_finish(struct dump_op *op)
 			pr_warn("pid %d (%s): %s", (int)op->pid, p->comm, op->msg);
 			p->escaped = 1;
 		}
+	}
+	memset(&p->last, 0, sizeof(p->last));
+	if (!op->err) {
+		p->last.stored = op->st.stored;
+		p->last.elapsed_ns = op->st.elapsed_ns;
+		p->last.pre_copied = op->st.pre_copied;
+		p->last.final_bytes = op->st.final_bytes;
+		p->last.reused_bytes = op->st.reused_bytes;
+		p->last.precopy_bytes = op->pc_bytes;
+		p->last.precopy_rounds = op->pc_rounds;
 	}
 	waiting = p->remap_waiting;
 	p->remap_waiting = NULL;
@@ -1113,6 +1150,11 @@ int dump_start(struct daemon *d, struct conn *c, const Gpucr__Msg *req, int dirf
 			       dr->pid, p->state);
 		return -EBUSY;
 	}
+	if (precopy_running(p)) {
+		conn_reply_err(c, id, -EBUSY, "pid %u: its pre-copy is still running; dump it once that is answered",
+			       dr->pid);
+		return -EBUSY;
+	}
 	op = calloc(1, sizeof(*op));
 	if (!op) {
 		conn_reply_err(c, id, -ENOMEM, "out of memory");
@@ -1126,6 +1168,8 @@ int dump_start(struct daemon *d, struct conn *c, const Gpucr__Msg *req, int dirf
 	op->req_conn = c;
 	op->req_id = id;
 	op->t_start = now_ns();
+	op->pc = precopy_take(p, dirfd);
+	precopy_figures(op->pc, &op->pc_bytes, &op->pc_rounds);
 	if (dr->has_concurrent && dr->concurrent && dr->has_leave_running && dr->leave_running && cc_start(op) < 0)
 		pr_warn("pid %d: no concurrent dump (out of memory); it waits for its image", (int)p->pid);
 	if (dr->has_image_background && dr->image_background && !env_off("GPUCR_WRITE_AFTER_DRIVER")) {
@@ -1192,6 +1236,10 @@ int dump_wait(struct daemon *d, struct conn *c, const Gpucr__Msg *req)
 					      "pid %u: no dump in progress and no complete image", req->dump_wait->pid);
 		dr.has_bytes = 1;
 		dr.bytes = p->bytes;
+		dr.has_stored_bytes = dr.has_elapsed_ns = 1;
+		dr.stored_bytes = p->last.stored;
+		dr.elapsed_ns = p->last.elapsed_ns;
+		figures_reply(&dr, &p->last);
 		m.body_case = GPUCR__MSG__BODY_DUMP_REPLY;
 		m.dump_reply = &dr;
 		return conn_reply(c, id, &m, NULL, 0);

@@ -15,6 +15,8 @@
 
 struct conn;
 struct dump_op;
+struct precopy;
+struct img_writer;
 
 /* Monotonic time in nanoseconds, for durations. */
 static inline uint64_t now_ns(void)
@@ -70,6 +72,12 @@ struct proc {
 	int release_late;           /* a Release its shim did not answer in time may still be
 	                             * carried out: no new dump until it answers or goes */
 	char dump_msg[1024];
+	struct precopy *precopy;    /* a pre-copy running or held for its dump (precopy.c), or NULL */
+	struct dump_figures {       /* its last dump's image, for a DumpWait after it ended */
+		uint64_t stored, elapsed_ns, final_bytes, reused_bytes, precopy_bytes;
+		uint32_t precopy_rounds;
+		int pre_copied;
+	} last;
 	struct proc *next;
 };
 
@@ -151,6 +159,22 @@ void dump_driver_op_done(struct proc *p, Gpucr__DriverOpKind op, int err);
 /* gpucrd stops: no image write waits any longer for a driver operation. */
 void dump_release_holds(struct daemon *d);
 
+/* precopy.c */
+/* PreCopyRequest: starts (or discards) a pre-copy of a running process.
+ * *dirfd (or -1) is set to -1 when the pre-copy took it. */
+int precopy_request(struct daemon *d, struct conn *c, const Gpucr__Msg *req, int *dirfd);
+/* May p be dumped now (no pre-copy of it running)? */
+int precopy_running(const struct proc *p);
+/* The dump of p into dirfd starts: the pre-copy held for it if it was made
+ * into the same directory (the caller owns it then; precopy_free), else
+ * NULL (one made elsewhere is dropped, with a log line). */
+struct precopy *precopy_take(struct proc *p, int dirfd);
+struct pc_image *precopy_image(struct precopy *pc);
+/* What pc wrote (all rounds) and its rounds after the first copy; 0 for NULL. */
+void precopy_figures(const struct precopy *pc, uint64_t *ret_bytes, uint32_t *ret_rounds);
+/* Frees a pre-copy that is not running, removing its files. Accepts NULL. */
+void precopy_free(struct precopy *pc);
+
 /* restore.c */
 int restore_start(struct daemon *d, struct conn *c, const Gpucr__Msg *req, int dirfd);
 /* A shim reconnected after a restore (or a leave-running dump): give it its
@@ -179,6 +203,32 @@ struct img_hooks {
 	void (*copied)(void *data, int made);
 };
 
+/* A pre-copy's pages (imgio.c writes them, precopy.c drives the rounds):
+ * every chunk of the process's buffers has its place in the pages files
+ * from the start; a round stores the chunks that are dirty and records the
+ * fingerprint of the bytes it stored. */
+struct pc_chunk {
+	uint64_t fp;                /* of the bytes stored, when stored */
+	uint64_t file_off;
+	uint32_t file;
+	uint8_t stored;
+};
+struct pc_buf {
+	struct rbuf rb;             /* va: the application's address of the piece (phys_offset 0),
+	                             * phys_size, device, uuid; fd: a dup (owned); mem: imported
+	                             * while a round runs */
+	uint64_t nchunks;
+	struct pc_chunk *ch;
+};
+struct pc_image {
+	struct img_writer *w;       /* pages files under their temporary names, or NULL */
+	int dirfd;                  /* owned */
+	uint64_t chunk;
+	size_t nbufs;
+	struct pc_buf *bufs;        /* sorted by va */
+	uint64_t *progress;         /* bytes written so far, or NULL */
+};
+
 struct img_stats {
 	uint64_t *progress_done, *progress_total;
 	const struct img_hooks *hooks;  /* imgio_write: a concurrent checkpoint, or NULL */
@@ -191,9 +241,27 @@ struct img_stats {
 	uint64_t bytes, stored, elapsed_ns;
 	uint64_t held_ns;               /* imgio_write: time before_data held the write (not in elapsed_ns) */
 	uint32_t control_tid, uid;      /* imgio_read: from the image header */
+	/* imgio_write: a pre-copy of the process into the same directory, or
+	 * NULL. Its pages files become the image's (its writer is taken); the
+	 * chunks whose fingerprint at T is that of the bytes it stored, read
+	 * back and checked, are kept; the rest is written. */
+	struct pc_image *precopy;
+	int pre_copied;                 /* imgio_write: the image was finished from it */
+	uint64_t final_bytes, reused_bytes;
 	int escaped;
 	char comm[64];
 };
+/* Pre-copy: lays out and creates pc's pages files in pc->dirfd (every
+ * chunk of pc->bufs gets its place); then rounds: fingerprints on the
+ * device, and with store the chunks that are dirty (non-zero and not what
+ * was stored) are written. ret_dirty: dirty bytes found; ret_written: bytes
+ * written. */
+int imgio_precopy_open(struct pc_image *pc, pid_t pid, char *msg, size_t msglen);
+int imgio_precopy_round(struct pc_image *pc, pid_t pid, int store, uint64_t *ret_dirty, uint64_t *ret_written,
+			char *msg, size_t msglen);
+/* Removes pc's files (unless imgio_write took them), frees what pc holds. */
+void imgio_precopy_free(struct pc_image *pc);
+
 /* Pins the staging buffers image transfers use ahead of the first one. */
 void imgio_prefill(void);
 int imgio_write(struct proc *p, int dirfd, struct img_stats *st, char *msg, size_t msglen);

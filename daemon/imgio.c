@@ -47,6 +47,7 @@ struct run {
 	const Gpucr__Chunk *chunks; /* a concurrent write: the run's chunk records, to check */
 	int taken;
 	CUdeviceptr src;            /* a copy of the run made at T (spare GPU memory), or 0 */
+	struct pc_chunk *rec;       /* a pre-copy: the run's chunks, to record what was stored */
 };
 
 struct xfer {
@@ -67,6 +68,7 @@ struct xfer {
 	uint64_t *progress;     /* mirror of done for ps, or NULL */
 	const struct img_hooks *hooks;  /* a concurrent checkpoint, or NULL */
 	uint64_t chunk;         /* chunk size, for checking (hooks) */
+	int record;             /* a pre-copy: runs record the fingerprints of what they store */
 	useconds_t slice_delay_us;      /* GPUCR_FI_SLICE_DELAY_MS */
 	unsigned nfiles;
 	int fds[IMG_MAX_PAGES_FILES];   /* buffered, one per pages file */
@@ -350,6 +352,25 @@ static int slice_check(struct xfer *x, const struct slice *sl, const void *buf)
 	return 0;
 }
 
+/* A pre-copy: the fingerprint of each chunk of len bytes at the run's byte
+ * off, as it lies in staging, is what the pages file gets: recorded, it
+ * tells at T whether the stored chunk is still the memory's (a copy torn
+ * by the running process records bytes that match nothing later). */
+static void run_record(struct xfer *x, const struct run *rn, uint64_t off, uint64_t len, const void *buf)
+{
+	uint64_t o;
+
+	if (!rn->rec || !x->chunk)
+		return;
+	for (o = 0; o < len; o += x->chunk) {
+		uint64_t n = len - o < x->chunk ? len - o : x->chunk;
+		struct pc_chunk *pc = &rn->rec[(off + o) / x->chunk];
+
+		pc->fp = fp_chunk((const char *)buf + o, n, 0);
+		pc->stored = 1;
+	}
+}
+
 /* The worker's next slice: the rest of its run, or a new run. */
 static int next_slice(struct worker *w, const struct run **rn, uint64_t *roff, struct slice *sl)
 {
@@ -421,6 +442,7 @@ static void *worker_main(void *arg)
 				account(x, prev.len);
 			if (slice_wait(x, &cur) < 0 || slice_check(x, &cur, w->stage[k]) < 0)
 				break;
+			run_record(x, cur.rn, cur.off, cur.len, w->stage[k]);
 			if (x->slice_delay_us) /* fault injection for tests: a slow writer */
 				usleep(x->slice_delay_us);
 			if (x->hooks && x->hooks->saved)
@@ -594,6 +616,7 @@ static int xfer_uring(struct xfer *x)
 		if (x->write) {
 			if (dev_copy(x, s->rn, s->buf, s->off, s->len, i) < 0)
 				break;
+			run_record(x, s->rn, s->off, s->len, s->buf);
 			if (alen > s->len)
 				memset((char *)s->buf + s->len, 0, alen - s->len);
 		}
@@ -662,8 +685,8 @@ static int transfer(struct xfer *x)
 	x->t0 = x->last_report = now_ns();
 	for (i = 0; i < x->nruns; i++)
 		x->total += x->runs[i].len;
-	if (x->hooks && x->chunk) {
-		/* Slices of whole chunks, each checked once in staging. */
+	if ((x->hooks || x->record) && x->chunk) {
+		/* Slices of whole chunks, each checked (or recorded) once in staging. */
 		x->slot_size -= x->slot_size % x->chunk;
 		if (x->slot_size < x->chunk)
 			x->slot_size = x->chunk;
@@ -688,7 +711,7 @@ static int add_run(struct run **runs, size_t *n, size_t *cap, struct rbuf *b, ui
 		*runs = nr;
 		*cap = nc;
 	}
-	(*runs)[(*n)++] = (struct run){ b, dev_off, file_off, len, file, NULL, 0, 0 };
+	(*runs)[(*n)++] = (struct run){ b, dev_off, file_off, len, file, NULL, 0, 0, NULL };
 	return 0;
 }
 
@@ -802,6 +825,294 @@ static int spare_snapshot(struct xfer *x, struct run *runs, size_t nruns, struct
 	return 1;
 }
 
+/* ---- pre-copy ------------------------------------------------------------ */
+
+/* How many pages files an image in dirfd gets. On tmpfs, one per writer
+ * thread: writers of one file serialise on it (16 GiB from 16 threads on
+ * the H200 host: 4.4 GB/s into one file, 27.5 GB/s into 16). */
+static uint32_t pages_files_for(int dirfd)
+{
+	uint64_t n = env_u64("GPUCR_PAGES_FILES", is_tmpfs(dirfd) ? (uint64_t)nthreads() : 1);
+
+	return n < 1 ? 1 : n > IMG_MAX_PAGES_FILES ? IMG_MAX_PAGES_FILES : (uint32_t)n;
+}
+
+/* Sizes the pages files to their reservations; on a disk the blocks are
+ * taken up front, so that a full disk says so before a byte is copied and
+ * O_DIRECT writes do not allocate. */
+static int size_pages(struct img_writer *w, char *msg, size_t msglen)
+{
+	unsigned i;
+
+	for (i = 0; i < img_writer_files(w); i++) {
+		uint64_t size = img_writer_reserve_in(w, i, 0);
+		int fd = img_writer_pages_fd_n(w, i);
+
+		if (ftruncate(fd, (off_t)size) < 0) {
+			snprintf(msg, msglen, "sizing the image's data file (%" PRIu64 " bytes): %s", size,
+				 strerror(errno));
+			return -errno;
+		}
+		if (size && !is_tmpfs(fd) && fallocate(fd, 0, 0, (off_t)size) < 0 && errno != EOPNOTSUPP) {
+			int err = -errno;
+
+			snprintf(msg, msglen, "the image needs %" PRIu64 " MiB for its GPU data: %s%s", size >> 20,
+				 strerror(errno),
+				 errno == ENOSPC ? " (the image's file system is full; no image was left behind)" : "");
+			return err;
+		}
+	}
+	return 0;
+}
+
+int imgio_precopy_open(struct pc_image *pc, pid_t pid, char *msg, size_t msglen)
+{
+	Gpucr__ImageHeader hdr = GPUCR__IMAGE_HEADER__INIT;
+	struct img_errbuf eb;
+	uint64_t total = 0, piece, k = 0;
+	size_t i;
+	int r;
+
+	pc->chunk = chunk_size();
+	/* A placeholder: the header is written again at T (img_writer_reheader). */
+	hdr.has_pages_files = 1;
+	hdr.pages_files = pages_files_for(pc->dirfd);
+	r = img_writer_open(pc->dirfd, (uint32_t)pid, &hdr, &pc->w, &eb);
+	if (r < 0) {
+		snprintf(msg, msglen, "%s", eb.msg);
+		return r;
+	}
+	for (i = 0; i < pc->nbufs; i++)
+		total += pc->bufs[i].rb.phys_size;
+	piece = run_piece(total, pc->chunk);
+	/* Pieces of every buffer, the pages files taking them in turn. */
+	for (i = 0; i < pc->nbufs; i++) {
+		struct pc_buf *pb = &pc->bufs[i];
+		uint64_t c, size = pb->rb.phys_size;
+
+		pb->nchunks = (size + pc->chunk - 1) / pc->chunk;
+		pb->ch = calloc(pb->nchunks ? pb->nchunks : 1, sizeof(*pb->ch));
+		if (!pb->ch) {
+			snprintf(msg, msglen, "out of memory");
+			return -ENOMEM;
+		}
+		for (c = 0; c < pb->nchunks;) {
+			uint64_t at = c * pc->chunk, len = size - at < piece ? size - at : piece, off, e;
+			unsigned file = (unsigned)(k++ % img_writer_files(pc->w));
+
+			off = img_writer_reserve_in(pc->w, file, len);
+			for (e = c + (len + pc->chunk - 1) / pc->chunk; c < e; c++) {
+				pb->ch[c].file = file;
+				pb->ch[c].file_off = off + (c * pc->chunk - at);
+			}
+		}
+	}
+	return size_pages(pc->w, msg, msglen);
+}
+
+int imgio_precopy_round(struct pc_image *pc, pid_t pid, int store, uint64_t *ret_dirty, uint64_t *ret_written,
+			char *msg, size_t msglen)
+{
+	struct run *runs = NULL;
+	size_t nruns = 0, caprun = 0, i;
+	uint64_t dirty = 0, *fp = NULL, maxn = 0;
+	uint8_t *nz = NULL;
+	struct xfer x = { .nfiles = 0 };
+	int r = 0;
+
+	for (i = 0; i < pc->nbufs; i++)
+		if (pc->bufs[i].nchunks > maxn)
+			maxn = pc->bufs[i].nchunks;
+	fp = calloc(maxn + 1, sizeof(*fp));
+	nz = calloc(maxn + 1, 1);
+	if (!fp || !nz) {
+		snprintf(msg, msglen, "out of memory");
+		r = -ENOMEM;
+		goto out;
+	}
+	for (i = 0; i < pc->nbufs && !r; i++) {
+		struct pc_buf *pb = &pc->bufs[i];
+		uint64_t c, prev = UINT64_MAX;
+
+		if (!pb->rb.mem.va)
+			continue; /* not imported: written in full at T */
+		r = gpu_fingerprint(pb->rb.mem.dev, pb->rb.mem.va, pb->rb.phys_size, pc->chunk, fp, nz);
+		if (r < 0) {
+			snprintf(msg, msglen, "buffer 0x%" PRIx64 ": fingerprints: %s", pb->rb.va, gpucr_strerror(r));
+			break;
+		}
+		for (c = 0; c < pb->nchunks && !r; c++) {
+			struct pc_chunk *ch = &pb->ch[c];
+			uint64_t len = pb->rb.phys_size - c * pc->chunk < pc->chunk ? pb->rb.phys_size - c * pc->chunk :
+										      pc->chunk;
+
+			/* All zero: recorded as zero at T, whatever was stored. */
+			if (!nz[c] || (ch->stored && ch->fp == fp[c]))
+				continue;
+			dirty += len;
+			if (!store)
+				continue;
+			if (prev != UINT64_MAX && prev + 1 == c && ch->file == pb->ch[prev].file &&
+			    ch->file_off == pb->ch[prev].file_off + pc->chunk && runs[nruns - 1].b == &pb->rb) {
+				runs[nruns - 1].len += len; /* the run goes on */
+			} else {
+				r = add_run(&runs, &nruns, &caprun, &pb->rb, c * pc->chunk, ch->file, ch->file_off, len);
+				if (!r)
+					runs[nruns - 1].rec = ch;
+			}
+			prev = c;
+		}
+	}
+	if (r < 0 || !store || !nruns)
+		goto out;
+	memset(&x, 0, sizeof(x));
+	x.nfiles = img_writer_files(pc->w);
+	for (i = 0; i < x.nfiles; i++) {
+		x.fds[i] = img_writer_pages_fd_n(pc->w, (unsigned)i);
+		x.dfds[i] = img_writer_open_pages_direct_n(pc->w, (unsigned)i);
+	}
+	x.write = 1;
+	x.record = 1;
+	x.pid = pid;
+	x.chunk = pc->chunk;
+	x.what = "pre-copy";
+	x.progress = pc->progress;
+	x.runs = runs;
+	x.nruns = nruns;
+	x.msg = msg;
+	x.msglen = msglen;
+	r = transfer(&x);
+	if (!r && ret_written)
+		*ret_written = x.total;
+out:
+	close_direct(&x);
+	free(runs);
+	free(fp);
+	free(nz);
+	if (!r && ret_dirty)
+		*ret_dirty = dirty;
+	return r;
+}
+
+void imgio_precopy_free(struct pc_image *pc)
+{
+	size_t i;
+
+	if (!pc)
+		return;
+	img_writer_abort(pc->w);
+	pc->w = NULL;
+	for (i = 0; i < pc->nbufs; i++) {
+		gpu_mem_release(&pc->bufs[i].rb.mem);
+		if (pc->bufs[i].rb.fd >= 0)
+			close(pc->bufs[i].rb.fd);
+		free(pc->bufs[i].ch);
+	}
+	free(pc->bufs);
+	pc->bufs = NULL;
+	pc->nbufs = 0;
+	if (pc->dirfd >= 0)
+		close(pc->dirfd);
+	pc->dirfd = -1;
+}
+
+/* A chunk the pre-copy stored whose fingerprint at T is that of the bytes
+ * it recorded: read back from the pages file and checked before it is
+ * kept, since the file is what the image will hold (a damaged or
+ * overwritten file must not make a complete-looking image). */
+struct keep {
+	struct rbuf *b;
+	Gpucr__Chunk *ch;
+	int fd;
+	int bad;
+};
+
+struct keep_check {
+	struct keep *v;
+	size_t n, next;
+	uint64_t chunk;
+	pthread_mutex_t lock;
+};
+
+static void *keep_main(void *arg)
+{
+	struct keep_check *kc = arg;
+	void *buf = malloc(kc->chunk);
+
+	for (;;) {
+		struct keep *k;
+		uint64_t len, got = 0;
+
+		pthread_mutex_lock(&kc->lock);
+		k = kc->next < kc->n ? &kc->v[kc->next++] : NULL;
+		pthread_mutex_unlock(&kc->lock);
+		if (!k)
+			break;
+		len = k->ch->length;
+		while (buf && got < len) {
+			ssize_t n = pread(k->fd, (char *)buf + got, len - got, (off_t)(k->ch->data_offset + got));
+
+			if (n < 0 && errno == EINTR)
+				continue;
+			if (n <= 0)
+				break;
+			got += (uint64_t)n;
+		}
+		/* Unreadable counts as damaged: the chunk is written again. */
+		k->bad = !buf || got < len || fp_chunk(buf, len, 0) != k->ch->fingerprint;
+	}
+	free(buf);
+	return NULL;
+}
+
+static void keep_check(struct keep *v, size_t n, uint64_t chunk)
+{
+	struct keep_check kc = { .v = v, .n = n, .chunk = chunk };
+	pthread_t th[MAX_THREADS];
+	int nt = nthreads(), i, started = 0;
+
+	if (!n)
+		return;
+	pthread_mutex_init(&kc.lock, NULL);
+	if ((size_t)nt > n)
+		nt = (int)n;
+	for (i = 0; i < nt; i++)
+		if (pthread_create(&th[i], NULL, keep_main, &kc) == 0)
+			started++;
+	if (!started)
+		keep_main(&kc);
+	for (i = 0; i < started; i++)
+		pthread_join(th[i], NULL);
+	pthread_mutex_destroy(&kc.lock);
+}
+
+static int keep_push(struct keep **v, size_t *n, size_t *cap, struct rbuf *b, Gpucr__Chunk *ch, int fd)
+{
+	if (*n == *cap) {
+		size_t nc = *cap ? *cap * 2 : 64;
+		struct keep *nv = realloc(*v, nc * sizeof(*nv));
+
+		if (!nv)
+			return -ENOMEM;
+		*v = nv;
+		*cap = nc;
+	}
+	(*v)[(*n)++] = (struct keep){ b, ch, fd, 0 };
+	return 0;
+}
+
+/* The pre-copied buffer at the same address and size as b, or NULL. */
+static struct pc_buf *pc_find(struct pc_image *pc, const struct rbuf *b)
+{
+	size_t i;
+
+	for (i = 0; pc && i < pc->nbufs; i++)
+		if (pc->bufs[i].rb.va == b->va + b->phys_offset && pc->bufs[i].rb.phys_size == b->phys_size &&
+		    pc->bufs[i].rb.device == b->device && pc->bufs[i].ch)
+			return &pc->bufs[i];
+	return NULL;
+}
+
 struct bufrec {
 	Gpucr__Buffer rec;
 	Gpucr__Chunk *chunks;
@@ -814,8 +1125,12 @@ int imgio_write(struct proc *p, int dirfd, struct img_stats *st, char *msg, size
 	Gpucr__ImageHeader hdr = GPUCR__IMAGE_HEADER__INIT;
 	Gpucr__Device devrec[GPU_MAX_DEVICES], *devp[GPU_MAX_DEVICES];
 	Gpucr__ImageTrailer tr = GPUCR__IMAGE_TRAILER__INIT;
-	uint64_t chunk = chunk_size(), t0 = now_ns(), pages_size, piece = 0, t_data;
+	uint64_t chunk = chunk_size(), t0 = now_ns(), piece = 0, t_data;
 	struct gpu_mem *spare = NULL;
+	struct pc_image *pc;
+	struct pc_buf *pb;
+	struct keep *keeps = NULL;
+	size_t nkeeps = 0, capkeeps = 0;
 	struct img_writer *w = NULL;
 	struct rbuf **bufs = NULL, *b;
 	struct bufrec *recs = NULL;
@@ -832,6 +1147,7 @@ int imgio_write(struct proc *p, int dirfd, struct img_stats *st, char *msg, size
 		const struct img_hooks *hk = st->hooks;
 		void (*bd)(void *, int) = st->before_data;
 		void *bda = st->before_data_arg;
+		struct pc_image *pcs = st->precopy;
 
 		memset(st, 0, sizeof(*st));
 		st->progress_done = pd;
@@ -839,6 +1155,14 @@ int imgio_write(struct proc *p, int dirfd, struct img_stats *st, char *msg, size
 		st->hooks = hk;
 		st->before_data = bd;
 		st->before_data_arg = bda;
+		st->precopy = pcs;
+	}
+	pc = st->precopy;
+	if (pc && (!pc->w || pc->chunk != chunk)) {
+		pr_info("pid %d: its pre-copy was made with %" PRIu64 " KiB chunks, the dump uses %" PRIu64
+			" KiB: writing everything",
+			(int)p->pid, pc->chunk >> 10, chunk >> 10);
+		pc = NULL;
 	}
 	bufs = calloc(p->nbufs ? p->nbufs : 1, sizeof(*bufs));
 	recs = calloc(p->nbufs ? p->nbufs : 1, sizeof(*recs));
@@ -892,15 +1216,17 @@ int imgio_write(struct proc *p, int dirfd, struct img_stats *st, char *msg, size
 	hdr.escaped = p->escaped != 0;
 	hdr.has_control_tid = p->control_tid != 0;
 	hdr.control_tid = (uint32_t)p->control_tid;
-	/* On tmpfs, one pages file per writer thread: writers of one file
-	 * serialise on it (16 GiB from 16 threads on the H200 host: 4.4 GB/s
-	 * into one file, 27.5 GB/s into 16). */
 	hdr.has_pages_files = 1;
-	hdr.pages_files = (uint32_t)env_u64("GPUCR_PAGES_FILES", is_tmpfs(dirfd) ? (uint64_t)nthreads() : 1);
-	if (hdr.pages_files < 1)
-		hdr.pages_files = 1;
+	hdr.pages_files = pages_files_for(dirfd);
 
-	r = img_writer_open(dirfd, (uint32_t)p->pid, &hdr, &w, &eb);
+	if (pc) {
+		/* The pre-copy's pages files become the image's. */
+		w = pc->w;
+		pc->w = NULL;
+		r = img_writer_reheader(w, &hdr, &eb);
+	} else {
+		r = img_writer_open(dirfd, (uint32_t)p->pid, &hdr, &w, &eb);
+	}
 	if (r < 0) {
 		snprintf(msg, msglen, "%s", eb.msg);
 		goto out;
@@ -947,9 +1273,46 @@ int imgio_write(struct proc *p, int dirfd, struct img_stats *st, char *msg, size
 				ch->has_zero = ch->zero = 1;
 			br->cp[c] = ch;
 		}
+		pb = pc_find(pc, b);
+		if (pc && !pb)
+			pr_info("pid %d: buffer 0x%" PRIx64 " (%" PRIu64 " MiB) was not pre-copied (allocated since, "
+				"or its layout changed): written in full",
+				(int)p->pid, b->va + b->phys_offset, b->phys_size >> 20);
+		/* Pre-copied: each chunk has its place; what the pre-copy stored
+		 * there may be kept (checked below), the rest is written there. */
+		for (c = 0; pb && c < n && !r; c++) {
+			const struct pc_chunk *pcc = &pb->ch[c];
+			struct run *last = nruns ? &runs[nruns - 1] : NULL;
+
+			if (!nz[c]) {
+				if (st->hooks && st->hooks->saved)
+					st->hooks->saved(st->hooks->data, b->va + b->phys_offset + br->chunks[c].offset,
+							 br->chunks[c].length);
+				continue;
+			}
+			br->chunks[c].has_data_offset = 1;
+			br->chunks[c].data_offset = pcc->file_off;
+			br->chunks[c].has_file = pcc->file != 0;
+			br->chunks[c].file = pcc->file;
+			st->stored += br->chunks[c].length;
+			if (pcc->stored && pcc->fp == fp[c]) {
+				r = keep_push(&keeps, &nkeeps, &capkeeps, b, &br->chunks[c], img_writer_pages_fd_n(w, pcc->file));
+				continue;
+			}
+			if (last && last->b == b && last->file == pcc->file &&
+			    last->dev_off + last->len == br->chunks[c].offset &&
+			    last->file_off + last->len == pcc->file_off && last->len < piece) {
+				last->len += br->chunks[c].length;
+				continue;
+			}
+			r = add_run(&runs, &nruns, &caprun, b, br->chunks[c].offset, pcc->file, pcc->file_off,
+				    br->chunks[c].length);
+			if (!r && st->hooks)
+				runs[nruns - 1].chunks = &br->chunks[c];
+		}
 		/* Runs of stored chunks, at most a piece long, one reservation
 		 * each, the pages files taking them in turn. */
-		for (c = 0; c < n && !r;) {
+		for (c = 0; !pb && c < n && !r;) {
 			uint64_t first = c, len = 0, off, k;
 
 			if (!nz[c]) {
@@ -996,36 +1359,60 @@ int imgio_write(struct proc *p, int dirfd, struct img_stats *st, char *msg, size
 	}
 	if (r < 0)
 		goto out;
+	if (pc) {
+		/* What the pre-copy stored and still matches is read back and
+		 * checked; a chunk that does not match the file is written. */
+		uint64_t tk = now_ns();
+		size_t bad = 0;
+
+		if (env_u64("GPUCR_PRECOPY_VERIFY", 1))
+			keep_check(keeps, nkeeps, chunk);
+		for (i = 0; i < nkeeps && !r; i++) {
+			struct keep *k = &keeps[i];
+
+			if (!k->bad) {
+				st->reused_bytes += k->ch->length;
+				if (st->hooks && st->hooks->saved)
+					st->hooks->saved(st->hooks->data, k->b->va + k->b->phys_offset + k->ch->offset,
+							 k->ch->length);
+				continue;
+			}
+			if (bad++ < 8)
+				pr_warn("pid %d: buffer 0x%" PRIx64 ": the pre-copied chunk at offset %" PRIu64
+					" does not read back as stored (the pages file was damaged?): written again",
+					(int)p->pid, k->b->va + k->b->phys_offset, k->ch->offset);
+			r = add_run(&runs, &nruns, &caprun, k->b, k->ch->offset, k->ch->has_file ? k->ch->file : 0,
+				    k->ch->data_offset, k->ch->length);
+			if (!r && st->hooks)
+				runs[nruns - 1].chunks = k->ch;
+		}
+		if (r < 0) {
+			snprintf(msg, msglen, "out of memory");
+			goto out;
+		}
+		for (i = 0; i < nruns; i++)
+			st->final_bytes += runs[i].len;
+		st->pre_copied = 1;
+		pr_info("pid %d: from its pre-copy: %" PRIu64 " MiB kept (read back and checked in %.1f ms), %" PRIu64
+			" MiB to write (%zu chunk(s) damaged in the file)",
+			(int)p->pid, st->reused_bytes >> 20, (now_ns() - tk) / 1e6, st->final_bytes >> 20, bad);
+	}
 
 	pr_debug("pid %d: fingerprints at T done: %zu buffers, %" PRIu64 " MiB, %" PRIu64 " MiB to store, in %.1f ms",
 		 (int)p->pid, nb, st->bytes >> 20, st->stored >> 20, (now_ns() - t0) / 1e6);
 	if (st->hooks && st->hooks->fingerprinted)
 		st->hooks->fingerprinted(st->hooks->data);
 	if (st->progress_total)
-		__atomic_store_n(st->progress_total, st->stored, __ATOMIC_RELAXED);
+		__atomic_store_n(st->progress_total, pc ? st->final_bytes : st->stored, __ATOMIC_RELAXED);
 
 	/* The data. */
 	memset(&x, 0, sizeof(x));
+	r = size_pages(w, msg, msglen);
+	if (r < 0)
+		goto out;
 	x.nfiles = img_writer_files(w);
 	for (i = 0; i < x.nfiles; i++) {
-		pages_size = img_writer_reserve_in(w, (unsigned)i, 0);
 		x.fds[i] = img_writer_pages_fd_n(w, (unsigned)i);
-		if (ftruncate(x.fds[i], (off_t)pages_size) < 0) {
-			r = -errno;
-			snprintf(msg, msglen, "sizing the image's data file (%" PRIu64 " bytes): %s", pages_size,
-				 strerror(errno));
-			goto out;
-		}
-		/* On a disk, the blocks up front: a full disk says so before a
-		 * byte is copied, and O_DIRECT writes do not allocate. */
-		if (pages_size && !is_tmpfs(x.fds[i]) && fallocate(x.fds[i], 0, 0, (off_t)pages_size) < 0 &&
-		    errno != EOPNOTSUPP) {
-			r = -errno;
-			snprintf(msg, msglen, "the image needs %" PRIu64 " MiB for its GPU data: %s%s", pages_size >> 20,
-				 strerror(errno),
-				 errno == ENOSPC ? " (the image's file system is full; no image was left behind)" : "");
-			goto out;
-		}
 		x.dfds[i] = img_writer_open_pages_direct_n(w, (unsigned)i);
 	}
 	x.write = 1;
@@ -1105,6 +1492,7 @@ out:
 	}
 	free(recs);
 	free(runs);
+	free(keeps);
 	free(bufs);
 	return r;
 }

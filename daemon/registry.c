@@ -113,6 +113,10 @@ void registry_drop(struct daemon *d, struct proc *p)
 		}
 	if (p->dump)
 		dump_proc_gone(d, p);
+	/* A running pre-copy's worker still uses it: only at gpucrd's exit,
+	 * where it is left to the process's end. */
+	if (!precopy_running(p))
+		precopy_free(p->precopy);
 	while ((b = p->bufs)) {
 		p->bufs = b->next;
 		rbuf_free(b);

@@ -501,6 +501,14 @@ static int dispatch(struct conn *c, Gpucr__Msg *req, int *fds, unsigned nfds)
 		return driver_op(c->d, c, req);
 	case GPUCR__MSG__BODY_WAKE:
 		return wake_proc(c->d, c, req);
+	case GPUCR__MSG__BODY_PRE_COPY: {
+		int dfd = nfds == 1 ? fds[0] : -1;
+		int r = precopy_request(c->d, c, req, &dfd);
+
+		if (nfds == 1 && dfd < 0)
+			fds[0] = -1;
+		return r;
+	}
 	case GPUCR__MSG__BODY_CHUNKS_WANTED:
 		return dump_chunks_wanted(c->role == GPUCR__ROLE__ROLE_SHIM ? c->proc : NULL, c, req);
 	default:

@@ -39,6 +39,15 @@ $(BUILD)/tests/daemon-dump: $(BUILD)/tests/e2e/daemon-dump.o $(COMMON_LIB) $(BUI
 
 TESTS += $(BUILD)/tests/daemon-dump
 
+# Pre-copy for migration, against the test driver.
+$(BUILD)/tests/e2e/daemon-precopy.o: CFLAGS += -Itests/fakecuda
+$(BUILD)/tests/daemon-precopy: $(BUILD)/tests/e2e/daemon-precopy.o $(COMMON_LIB) $(BUILD)/fakecuda/libcuda.so.1
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -o $@ $< $(COMMON_LIB) $(LDFLAGS) -L$(BUILD)/fakecuda -Wl,-rpath,'$$ORIGIN/../fakecuda' \
+		-lcuda -lpthread -ldl
+
+TESTS += $(BUILD)/tests/daemon-precopy
+
 # The CUDA application of the end-to-end C/R tests on the test driver.
 $(BUILD)/tests/e2e/fake-app.o: CFLAGS += -Itests/fakecuda
 $(BUILD)/tests/e2e-fake-app: $(BUILD)/tests/e2e/fake-app.o $(BUILD)/fakecuda/libcuda.so.1

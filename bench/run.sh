@@ -7,7 +7,9 @@
 #   from its image after a daemon restart; the PyTorch workloads; what a
 #   checkpoint of a running program costs its loop; the image engine on
 #   tmpfs and disk; steady-state step time with and without gpucr's shim.
-# Knobs: SIZES, SYSTEMS, WORKLOADS, WORKLOAD_SYSTEMS, CKPT_WORKLOADS
+# Knobs: SIZES, SYSTEMS (default "stock gpucr gpucr-bg gpucr-image"; also
+# gpucr-precopy: gpucr dump --pre-copy, restored from the image after a
+# gpucrd restart; NAME-held / NAME-unheld below), WORKLOADS, WORKLOAD_SYSTEMS, CKPT_WORKLOADS
 # (default cuda-prog-16; e.g. "cuda-prog-16 torch-train"), CKPT_SYSTEMS,
 # IMG_GIB, DISK_GIB (0: no disk), BENCH_DISK_DIR, STEPS, BENCH_BUDGET_S
 # (default 555: later sections are skipped past it, to fit one 10-minute

@@ -130,11 +130,16 @@ cr_cycle() {
 	case $mode in
 	stock) libdir=$B/lib/criu-stock ;;
 	plain) libdir=$B/lib/criu ;; # gpucr's plugin, a process not started under gpucr: the fallback
-	gpucr | gpucr-image | gpucr-bg)
+	gpucr | gpucr-image | gpucr-bg | gpucr-precopy)
 		libdir=$B/lib/criu
 		run_prefix="$B/bin/gpucr run --socket $GPUCR_SOCKET --"
 		;;
 	esac
+	local dumpcmd="criu dump -t \$pid -D $dir/img -o dump.log -v4"
+	# gpucr-precopy: a migration's dump (gpucr dump --pre-copy: the GPU
+	# memory written while the program runs, then only what changed), and
+	# the restore from its image after a gpucrd restart, like gpucr-image.
+	[ $mode = gpucr-precopy ] && dumpcmd="gpucr dump --pre-copy --pid \$pid -D $dir/img >$dir/dump.out 2>&1"
 	rm -rf "$dir"
 	mkdir -p "$dir/img"
 	cat >"$dir/flow.sh" <<FLOW
@@ -149,7 +154,7 @@ echo "phase: running to step $at"
 wait_step $dir/out.log $at 300 || { echo "never reached step $at"; exit 1; }
 t0=\$(now)
 echo "phase: criu dump"
-criu dump -t \$pid -D $dir/img -o dump.log -v4 || { echo "dump failed:"; grep -E 'Error|error|gpucr' $dir/img/dump.log | tail -5; exit 1; }
+$dumpcmd || { echo "dump failed:"; grep -E 'Error|error|gpucr' $dir/img/dump.log | tail -5; tail -3 $dir/dump.out 2>/dev/null; exit 1; }
 t1=\$(now)
 wait \$pid 2>/dev/null
 last=\$(awk '\$1 == "step" { n = \$2 } END { print n + 0 }' $dir/out.log)
@@ -172,7 +177,7 @@ FLOW
 	timeout "${CR_TIMEOUT:-150}" "$B/tests/e2e-subreaper" bash "$dir/flow.sh" >"$dir/flow.log" 2>&1 &
 	local fpid=$! i
 	for ((i = 0; i < 6000; i++)); do [ -f "$dir/dumped" ] || ! kill -0 $fpid 2>/dev/null && break; sleep 0.05; done
-	if [ $mode = gpucr-image ] && [ -f "$dir/dumped" ]; then
+	if { [ $mode = gpucr-image ] || [ $mode = gpucr-precopy ]; } && [ -f "$dir/dumped" ]; then
 		stop_gpucrd
 		sleep 0.3
 		rm -f "$GPUCR_SOCKET"

@@ -30,8 +30,13 @@ $(BUILD)/tests/daemon-proto: $(BUILD)/tests/e2e/daemon-proto.o $(COMMON_LIB)
 
 TESTS += $(BUILD)/tests/daemon-proto
 
+# The daemon tests' shared harness: header-only, and these rules keep no
+# dependency files, so the objects list it themselves.
+DAEMON_TEST_HDRS := tests/e2e/daemontest.h tests/e2e/fakeshim.h tests/unit/t.h
+
 # Daemon dump/restore against the test driver (needs tests/fakecuda).
 $(BUILD)/tests/e2e/daemon-dump.o: CFLAGS += -Itests/fakecuda
+$(BUILD)/tests/e2e/daemon-dump.o: $(DAEMON_TEST_HDRS)
 $(BUILD)/tests/daemon-dump: $(BUILD)/tests/e2e/daemon-dump.o $(COMMON_LIB) $(BUILD)/fakecuda/libcuda.so.1
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -o $@ $< $(COMMON_LIB) $(LDFLAGS) -L$(BUILD)/fakecuda -Wl,-rpath,'$$ORIGIN/../fakecuda' \
@@ -41,6 +46,7 @@ TESTS += $(BUILD)/tests/daemon-dump
 
 # Pre-copy for migration, against the test driver.
 $(BUILD)/tests/e2e/daemon-precopy.o: CFLAGS += -Itests/fakecuda
+$(BUILD)/tests/e2e/daemon-precopy.o: $(DAEMON_TEST_HDRS)
 $(BUILD)/tests/daemon-precopy: $(BUILD)/tests/e2e/daemon-precopy.o $(COMMON_LIB) $(BUILD)/fakecuda/libcuda.so.1
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -o $@ $< $(COMMON_LIB) $(LDFLAGS) -L$(BUILD)/fakecuda -Wl,-rpath,'$$ORIGIN/../fakecuda' \

@@ -24,24 +24,20 @@
 #include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cuda.h>
 
+#include "daemontest.h"
 #include "fakecuda.h"
+#include "fakeshim.h"
 #include "frame.h"
 #include "image.h"
-#include "msg.h"
-#include "sock.h"
-#include "../unit/t.h"
 
 #define NBUF 3
 static const size_t sizes[NBUF] = { 2u << 20, 6u << 20, 4u << 20 };
 
-static char sockpath[128], logpath[128], daemon_bin[2048], fake_lib[4096];
-static pid_t daemon_pid;
 static CUdeviceptr va[NBUF];
 static CUmemGenericAllocationHandle handles[NBUF];
 static int mapped;
@@ -88,35 +84,19 @@ static int check_pattern(void)
 
 static void map_one(int b, CUmemGenericAllocationHandle h)
 {
-	CUmemAccessDesc acc = { .location = { CU_MEM_LOCATION_TYPE_DEVICE, 0 },
-				.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE };
-
-	REQUIRE(cuMemMap(va[b], sizes[b], 0, h, 0) == CUDA_SUCCESS);
-	REQUIRE(cuMemSetAccess(va[b], sizes[b], &acc, 1) == CUDA_SUCCESS);
+	shim_map(va[b], sizes[b], h);
 	handles[b] = h;
 }
 
 static void alloc_all(void)
 {
-	CUmemAllocationProp prop = { 0 };
-	CUdevice dev;
-	CUcontext ctx;
 	int b;
 
-	REQUIRE(cuInit(0) == CUDA_SUCCESS);
-	REQUIRE(cuDeviceGet(&dev, 0) == CUDA_SUCCESS);
-	REQUIRE(cuDevicePrimaryCtxRetain(&ctx, dev) == CUDA_SUCCESS);
-	REQUIRE(cuCtxSetCurrent(ctx) == CUDA_SUCCESS);
-	REQUIRE(cuDeviceGetUuid((CUuuid *)uuid, dev) == CUDA_SUCCESS);
-	prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-	prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-	prop.location.id = 0;
-	prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+	shim_context(uuid);
 	for (b = 0; b < NBUF; b++) {
 		CUmemGenericAllocationHandle h;
 
-		REQUIRE(cuMemAddressReserve(&va[b], sizes[b], 2u << 20, 0, 0) == CUDA_SUCCESS);
-		REQUIRE(cuMemCreate(&h, sizes[b], &prop, 0) == CUDA_SUCCESS);
+		shim_alloc(&va[b], sizes[b], &h);
 		map_one(b, h);
 	}
 	mapped = 1;
@@ -127,81 +107,15 @@ static void alloc_all(void)
 
 static int shim_connect(int restored)
 {
-	Gpucr__Msg m = GPUCR__MSG__INIT, *rep = NULL;
-	Gpucr__Hello h = GPUCR__HELLO__INIT;
-	int fd, i;
-
-	for (i = 0; i < 300; i++) {
-		fd = sock_connect_unix(sockpath);
-		if (fd >= 0)
-			break;
-		usleep(10000);
-	}
-	REQUIRE(fd >= 0);
-	h.proto_version = 1;
-	h.role = GPUCR__ROLE__ROLE_SHIM;
-	h.comm = "daemon-dump";
-	h.has_control_tid = 1;
-	h.control_tid = (uint32_t)syscall(SYS_gettid);
-	h.has_restored = 1;
-	h.restored = (uint32_t)restored;
-	m.has_id = 1;
-	m.id = 1;
-	m.body_case = GPUCR__MSG__BODY_HELLO;
-	m.hello = &h;
-	REQUIRE(msg_send(fd, &m, NULL, 0) == 0);
-	REQUIRE(msg_recv(fd, &rep, NULL, 0, NULL) == 0);
-	if ((rep->err == -EBUSY || rep->err == -EAGAIN) && i < 300) {
-		/* Its last connection is not closed yet in gpucrd, or CRIU
-		 * (here: the dump's requester) is not done: again, as the shim
-		 * does. */
-		msg_free(rep);
-		close(fd);
-		usleep(10000);
-		return shim_connect(restored);
-	}
-	REQUIRE(rep->err == 0);
-	msg_free(rep);
-	return fd;
+	return shim_connect_as("daemon-dump", restored);
 }
 
 static void send_buffers(int fd)
 {
 	int b;
 
-	for (b = 0; b < NBUF; b++) {
-		Gpucr__Msg m = GPUCR__MSG__INIT;
-		Gpucr__BufferAdd ba = GPUCR__BUFFER_ADD__INIT;
-		int efd = -1;
-
-		REQUIRE(cuMemExportToShareableHandle(&efd, handles[b], CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0) ==
-			CUDA_SUCCESS);
-		ba.va = va[b];
-		ba.size = sizes[b];
-		ba.device = 0;
-		ba.has_phys_size = 1;
-		ba.phys_size = sizes[b];
-		ba.has_device_uuid = 1;
-		ba.device_uuid.data = uuid;
-		ba.device_uuid.len = 16;
-		m.body_case = GPUCR__MSG__BODY_BUFFER_ADD;
-		m.buffer_add = &ba;
-		REQUIRE(msg_send(fd, &m, &efd, 1) == 0);
-		close(efd);
-	}
-}
-
-/* A reply that finds the connection closed (gpucrd cut off a shim that
- * answered too late) is lost, as the shim's is. */
-static void reply(int fd, uint64_t id, int err)
-{
-	Gpucr__Msg m = GPUCR__MSG__INIT;
-
-	m.has_reply_to = 1;
-	m.reply_to = id;
-	m.has_err = 1;
-	m.err = err;
-	msg_send(fd, &m, NULL, 0);
+	for (b = 0; b < NBUF; b++)
+		shim_send_buffer(fd, va[b], sizes[b], handles[b], uuid);
 }
 
 static void *shim_main(void *arg)
@@ -237,17 +151,15 @@ static void *shim_main(void *arg)
 		case GPUCR__MSG__BODY_QUIESCE:
 			if (slow_quiesce)
 				usleep(300000);
-			reply(fd, req->id, 0);
+			shim_reply(fd, req->id, 0);
 			break;
 		case GPUCR__MSG__BODY_RELEASE: {
 			int b;
 
-			for (b = 0; b < NBUF; b++) {
-				REQUIRE(cuMemUnmap(va[b], sizes[b]) == CUDA_SUCCESS);
-				REQUIRE(cuMemRelease(handles[b]) == CUDA_SUCCESS);
-			}
+			for (b = 0; b < NBUF; b++)
+				shim_unmap(va[b], sizes[b], handles[b]);
 			mapped = 0;
-			reply(fd, req->id, 0);
+			shim_reply(fd, req->id, 0);
 			close(fd);
 			sem_wait(&reconnect_sem);
 			if (shim_quit) {
@@ -260,7 +172,6 @@ static void *shim_main(void *arg)
 		case GPUCR__MSG__BODY_REMAP:
 			REQUIRE(nfds == req->remap->n_buffers);
 			for (i = 0; i < nfds; i++) {
-				CUmemGenericAllocationHandle h;
 				int b;
 
 				for (b = 0; b < NBUF; b++)
@@ -268,21 +179,17 @@ static void *shim_main(void *arg)
 						break;
 				REQUIRE(b < NBUF);
 				REQUIRE(req->remap->buffers[i]->phys_size == sizes[b]);
-				REQUIRE(cuMemImportFromShareableHandle(&h, (void *)(uintptr_t)rfds[i],
-								       CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) ==
-					CUDA_SUCCESS);
-				close(rfds[i]);
-				map_one(b, h);
+				map_one(b, shim_import(rfds[i]));
 			}
 			mapped = 1;
-			reply(fd, req->id, 0);
+			shim_reply(fd, req->id, 0);
 			break;
 		case GPUCR__MSG__BODY_RESUME:
-			reply(fd, req->id, 0);
+			shim_reply(fd, req->id, 0);
 			sem_post(&resumed_sem);
 			break;
 		default:
-			reply(fd, req->id, -EOPNOTSUPP);
+			shim_reply(fd, req->id, -EOPNOTSUPP);
 		}
 		msg_free(req);
 	}
@@ -298,8 +205,6 @@ static int starts;
 
 static void start_daemon(void)
 {
-	int i, fd;
-
 	starts++;
 	daemon_pid = fork();
 	REQUIRE(daemon_pid >= 0);
@@ -328,59 +233,7 @@ static void start_daemon(void)
 		execl(daemon_bin, daemon_bin, "--socket", sockpath, "--log", logpath, (char *)NULL);
 		_exit(127);
 	}
-	for (i = 0; i < 300; i++) {
-		fd = sock_connect_unix(sockpath);
-		if (fd >= 0) {
-			close(fd);
-			return;
-		}
-		usleep(10000);
-	}
-	REQUIRE(!"daemon did not come up");
-}
-
-static void kill_daemon(void)
-{
-	int status;
-
-	kill(daemon_pid, SIGKILL);
-	waitpid(daemon_pid, &status, 0);
-	unlink(sockpath);
-}
-
-static int cli(void)
-{
-	Gpucr__Msg m = GPUCR__MSG__INIT, *rep = NULL;
-	Gpucr__Hello h = GPUCR__HELLO__INIT;
-	int fd = sock_connect_unix(sockpath);
-
-	REQUIRE(fd >= 0);
-	h.proto_version = 1;
-	h.role = GPUCR__ROLE__ROLE_CLI;
-	m.has_id = 1;
-	m.id = 1;
-	m.body_case = GPUCR__MSG__BODY_HELLO;
-	m.hello = &h;
-	REQUIRE(msg_send(fd, &m, NULL, 0) == 0);
-	REQUIRE(msg_recv(fd, &rep, NULL, 0, NULL) == 0);
-	msg_free(rep);
-	return fd;
-}
-
-static Gpucr__Msg *call(int fd, Gpucr__Msg *m, int pass_fd)
-{
-	static uint64_t id = 100;
-	Gpucr__Msg *rep = NULL;
-
-	m->has_id = 1;
-	m->id = ++id;
-	REQUIRE(msg_send(fd, m, pass_fd >= 0 ? &pass_fd : NULL, pass_fd >= 0 ? 1 : 0) == 0);
-	for (;;) {
-		REQUIRE(msg_recv(fd, &rep, NULL, 0, NULL) == 0);
-		if (rep->reply_to == m->id)
-			return rep;
-		msg_free(rep);
-	}
+	daemon_wait_up();
 }
 
 static pid_t app_pid;
@@ -559,27 +412,6 @@ static double wait_dumped(int fd, double limit)
 }
 
 /* ---- the daemon's log ---------------------------------------------------- */
-
-static off_t log_size(void)
-{
-	struct stat st;
-
-	return stat(logpath, &st) == 0 ? st.st_size : 0;
-}
-
-/* The log from offset off (malloc'd, NUL-terminated). */
-static char *log_since(off_t off)
-{
-	off_t end = log_size();
-	char *buf = calloc(1, (size_t)(end > off ? end - off : 0) + 1);
-	int fd = open(logpath, O_RDONLY | O_CLOEXEC);
-
-	REQUIRE(buf && fd >= 0);
-	if (end > off)
-		REQUIRE(pread(fd, buf, (size_t)(end - off), off) == end - off);
-	close(fd);
-	return buf;
-}
 
 /* The first line of log holding both a and b (the start of that line), or NULL. */
 static const char *log_line(const char *log, const char *a, const char *b)
@@ -769,17 +601,9 @@ int main(void)
 	pthread_t shim;
 	Gpucr__Msg *r;
 	int dirfd, c, c2, err;
-	ssize_t n;
 
 	app_pid = getpid();
-	n = readlink("/proc/self/exe", daemon_bin, sizeof(daemon_bin) - 32);
-	REQUIRE(n > 0);
-	daemon_bin[n] = 0;
-	*strrchr(daemon_bin, '/') = 0;
-	snprintf(fake_lib, sizeof(fake_lib), "%s/../fakecuda/libcuda.so.1", daemon_bin);
-	strcat(daemon_bin, "/../bin/gpucrd");
-	snprintf(sockpath, sizeof(sockpath), "/tmp/gpucrd-dump-%d.sock", (int)getpid());
-	snprintf(logpath, sizeof(logpath), "/tmp/gpucrd-dump-%d.log", (int)getpid());
+	daemon_paths("dump");
 	REQUIRE(mkdtemp(dir));
 	dirfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	sem_init(&reconnect_sem, 0, 0);

@@ -19,26 +19,22 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cuda.h>
 
+#include "daemontest.h"
 #include "fakecuda.h"
+#include "fakeshim.h"
 #include "frame.h"
 #include "image.h"
-#include "msg.h"
-#include "sock.h"
-#include "../unit/t.h"
 
 #define CHUNK (256u << 10)
 #define NMAX 4
 static const size_t sizes[NMAX] = { 4u << 20, 4u << 20, 2u << 20, 2u << 20 };
 static int nbuf = 3;
 
-static char sockpath[128], logpath[128], daemon_bin[2048], fake_lib[4096];
-static pid_t daemon_pid;
 static CUdeviceptr va[NMAX];
 static CUmemGenericAllocationHandle handles[NMAX];
 static uint8_t *expect[NMAX];
@@ -60,26 +56,16 @@ static uint8_t pattern(int b, size_t i)
 
 static void map_one(int b, CUmemGenericAllocationHandle h)
 {
-	CUmemAccessDesc acc = { .location = { CU_MEM_LOCATION_TYPE_DEVICE, 0 },
-				.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE };
-
-	REQUIRE(cuMemMap(va[b], sizes[b], 0, h, 0) == CUDA_SUCCESS);
-	REQUIRE(cuMemSetAccess(va[b], sizes[b], &acc, 1) == CUDA_SUCCESS);
+	shim_map(va[b], sizes[b], h);
 	handles[b] = h;
 }
 
 static void alloc_one(int b)
 {
-	CUmemAllocationProp prop = { 0 };
 	CUmemGenericAllocationHandle h;
 	size_t i;
 
-	prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-	prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-	prop.location.id = 0;
-	prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
-	REQUIRE(cuMemAddressReserve(&va[b], sizes[b], 2u << 20, 0, 0) == CUDA_SUCCESS);
-	REQUIRE(cuMemCreate(&h, sizes[b], &prop, 0) == CUDA_SUCCESS);
+	shim_alloc(&va[b], sizes[b], &h);
 	map_one(b, h);
 	for (i = 0; i < sizes[b]; i++)
 		((uint8_t *)(uintptr_t)va[b])[i] = pattern(b, i);
@@ -122,76 +108,21 @@ static void *writer_main(void *arg)
 
 static int shim_connect(int restored)
 {
-	Gpucr__Msg m = GPUCR__MSG__INIT, *rep = NULL;
-	Gpucr__Hello h = GPUCR__HELLO__INIT;
-	int fd = -1, i;
-
-	for (i = 0; i < 300; i++) {
-		fd = sock_connect_unix(sockpath);
-		if (fd >= 0)
-			break;
-		usleep(10000);
-	}
-	REQUIRE(fd >= 0);
-	h.proto_version = 1;
-	h.role = GPUCR__ROLE__ROLE_SHIM;
-	h.comm = "daemon-precopy";
-	h.has_control_tid = 1;
-	h.control_tid = (uint32_t)syscall(SYS_gettid);
-	h.has_restored = 1;
-	h.restored = (uint32_t)restored;
-	m.has_id = 1;
-	m.id = 1;
-	m.body_case = GPUCR__MSG__BODY_HELLO;
-	m.hello = &h;
-	REQUIRE(msg_send(fd, &m, NULL, 0) == 0);
-	REQUIRE(msg_recv(fd, &rep, NULL, 0, NULL) == 0);
-	if (rep->err == -EBUSY || rep->err == -EAGAIN) {
-		msg_free(rep);
-		close(fd);
-		usleep(10000);
-		return shim_connect(restored);
-	}
-	REQUIRE(rep->err == 0);
-	msg_free(rep);
-	return fd;
+	return shim_connect_as("daemon-precopy", restored);
 }
 
+/* The main thread reports a buffer too (step 2): one sender at a time. */
 static void send_buffer(int fd, int b)
 {
-	Gpucr__Msg m = GPUCR__MSG__INIT, *rep = NULL;
-	Gpucr__BufferAdd ba = GPUCR__BUFFER_ADD__INIT;
-	int efd = -1;
-
-	REQUIRE(cuMemExportToShareableHandle(&efd, handles[b], CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0) ==
-		CUDA_SUCCESS);
-	ba.va = va[b];
-	ba.size = sizes[b];
-	ba.device = 0;
-	ba.has_phys_size = 1;
-	ba.phys_size = sizes[b];
-	ba.has_device_uuid = 1;
-	ba.device_uuid.data = uuid;
-	ba.device_uuid.len = 16;
-	m.body_case = GPUCR__MSG__BODY_BUFFER_ADD;
-	m.buffer_add = &ba;
 	pthread_mutex_lock(&send_lock);
-	REQUIRE(msg_send(fd, &m, &efd, 1) == 0);
+	shim_send_buffer(fd, va[b], sizes[b], handles[b], uuid);
 	pthread_mutex_unlock(&send_lock);
-	(void)rep;
-	close(efd);
 }
 
 static void reply(int fd, uint64_t id, int err)
 {
-	Gpucr__Msg m = GPUCR__MSG__INIT;
-
-	m.has_reply_to = 1;
-	m.reply_to = id;
-	m.has_err = 1;
-	m.err = err;
 	pthread_mutex_lock(&send_lock);
-	msg_send(fd, &m, NULL, 0);
+	shim_reply(fd, id, err);
 	pthread_mutex_unlock(&send_lock);
 }
 
@@ -221,10 +152,8 @@ static void *shim_main(void *arg)
 			reply(fd, req->id, 0);
 			break;
 		case GPUCR__MSG__BODY_RELEASE:
-			for (b = 0; b < nbuf; b++) {
-				REQUIRE(cuMemUnmap(va[b], sizes[b]) == CUDA_SUCCESS);
-				REQUIRE(cuMemRelease(handles[b]) == CUDA_SUCCESS);
-			}
+			for (b = 0; b < nbuf; b++)
+				shim_unmap(va[b], sizes[b], handles[b]);
 			mapped = 0;
 			reply(fd, req->id, 0);
 			close(fd);
@@ -239,17 +168,11 @@ static void *shim_main(void *arg)
 		case GPUCR__MSG__BODY_REMAP:
 			REQUIRE(nfds == req->remap->n_buffers);
 			for (i = 0; i < nfds; i++) {
-				CUmemGenericAllocationHandle h;
-
 				for (b = 0; b < nbuf; b++)
 					if (va[b] == req->remap->buffers[i]->va)
 						break;
 				REQUIRE(b < nbuf);
-				REQUIRE(cuMemImportFromShareableHandle(&h, (void *)(uintptr_t)rfds[i],
-								       CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) ==
-					CUDA_SUCCESS);
-				close(rfds[i]);
-				map_one(b, h);
+				map_one(b, shim_import(rfds[i]));
 			}
 			mapped = 1;
 			reply(fd, req->id, 0);
@@ -271,8 +194,6 @@ static void *shim_main(void *arg)
 
 static void start_daemon(const char *engine)
 {
-	int i, fd;
-
 	daemon_pid = fork();
 	REQUIRE(daemon_pid >= 0);
 	if (daemon_pid == 0) {
@@ -290,59 +211,7 @@ static void start_daemon(const char *engine)
 		execl(daemon_bin, daemon_bin, "--socket", sockpath, "--log", logpath, (char *)NULL);
 		_exit(127);
 	}
-	for (i = 0; i < 300; i++) {
-		fd = sock_connect_unix(sockpath);
-		if (fd >= 0) {
-			close(fd);
-			return;
-		}
-		usleep(10000);
-	}
-	REQUIRE(!"daemon did not come up");
-}
-
-static void kill_daemon(void)
-{
-	int status;
-
-	kill(daemon_pid, SIGKILL);
-	waitpid(daemon_pid, &status, 0);
-	unlink(sockpath);
-}
-
-static int cli(void)
-{
-	Gpucr__Msg m = GPUCR__MSG__INIT, *rep = NULL;
-	Gpucr__Hello h = GPUCR__HELLO__INIT;
-	int fd = sock_connect_unix(sockpath);
-
-	REQUIRE(fd >= 0);
-	h.proto_version = 1;
-	h.role = GPUCR__ROLE__ROLE_CLI;
-	m.has_id = 1;
-	m.id = 1;
-	m.body_case = GPUCR__MSG__BODY_HELLO;
-	m.hello = &h;
-	REQUIRE(msg_send(fd, &m, NULL, 0) == 0);
-	REQUIRE(msg_recv(fd, &rep, NULL, 0, NULL) == 0);
-	msg_free(rep);
-	return fd;
-}
-
-static Gpucr__Msg *call(int fd, Gpucr__Msg *m, int pass_fd)
-{
-	static uint64_t id = 100;
-	Gpucr__Msg *rep = NULL;
-
-	m->has_id = 1;
-	m->id = ++id;
-	REQUIRE(msg_send(fd, m, pass_fd >= 0 ? &pass_fd : NULL, pass_fd >= 0 ? 1 : 0) == 0);
-	for (;;) {
-		REQUIRE(msg_recv(fd, &rep, NULL, 0, NULL) == 0);
-		if (rep->reply_to == m->id)
-			return rep;
-		msg_free(rep);
-	}
+	daemon_wait_up();
 }
 
 static Gpucr__Msg *precopy(int c, int dirfd, unsigned rounds, int discard)
@@ -485,49 +354,22 @@ static int files_with(const char *dir, const char *s)
 	return n;
 }
 
-static char *read_log(void)
-{
-	struct stat st;
-	char *buf;
-	int fd = open(logpath, O_RDONLY | O_CLOEXEC);
-
-	REQUIRE(fd >= 0 && fstat(fd, &st) == 0);
-	buf = calloc(1, (size_t)st.st_size + 1);
-	REQUIRE(buf && read(fd, buf, (size_t)st.st_size) == st.st_size);
-	close(fd);
-	return buf;
-}
-
 int main(void)
 {
 	char dir[] = "/tmp/gpucr-precopy-XXXXXX", dir2[] = "/tmp/gpucr-precopy2-XXXXXX", p[700], *log;
 	pthread_t shim, writer;
 	Gpucr__Msg *r;
 	uint64_t nonzero, expect_final, stored;
-	CUdevice dev;
-	CUcontext ctx;
 	int dirfd, dirfd2, c, lowest = 0, b, fd;
-	ssize_t n;
 
-	n = readlink("/proc/self/exe", daemon_bin, sizeof(daemon_bin) - 32);
-	REQUIRE(n > 0);
-	daemon_bin[n] = 0;
-	*strrchr(daemon_bin, '/') = 0;
-	snprintf(fake_lib, sizeof(fake_lib), "%s/../fakecuda/libcuda.so.1", daemon_bin);
-	strcat(daemon_bin, "/../bin/gpucrd");
-	snprintf(sockpath, sizeof(sockpath), "/tmp/gpucrd-precopy-%d.sock", (int)getpid());
-	snprintf(logpath, sizeof(logpath), "/tmp/gpucrd-precopy-%d.log", (int)getpid());
+	daemon_paths("precopy");
 	REQUIRE(mkdtemp(dir) && mkdtemp(dir2));
 	dirfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	dirfd2 = open(dir2, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	sem_init(&reconnect_sem, 0, 0);
 	sem_init(&resumed_sem, 0, 0);
 
-	REQUIRE(cuInit(0) == CUDA_SUCCESS);
-	REQUIRE(cuDeviceGet(&dev, 0) == CUDA_SUCCESS);
-	REQUIRE(cuDevicePrimaryCtxRetain(&ctx, dev) == CUDA_SUCCESS);
-	REQUIRE(cuCtxSetCurrent(ctx) == CUDA_SUCCESS);
-	REQUIRE(cuDeviceGetUuid((CUuuid *)uuid, dev) == CUDA_SUCCESS);
+	shim_context(uuid);
 	for (b = 0; b < nbuf; b++)
 		alloc_one(b);
 	mapped = 1;
@@ -611,7 +453,7 @@ int main(void)
 	CHECK(r->dump_reply->precopy_bytes >= nonzero);
 	CHECK(r->dump_reply->final_ns > 0);
 	msg_free(r);
-	log = read_log();
+	log = log_since(0);
 	CHECK_CONTAINS(log, "does not read back as stored");
 	CHECK_CONTAINS(log, "was not pre-copied (allocated since");
 	free(log);
@@ -641,7 +483,7 @@ int main(void)
 	CHECK_EQ_INT(r->dump_reply->stored_bytes, nonzero + sizes[3]);
 	msg_free(r);
 	CHECK(files_with(dir2, "gpucr") == 0);
-	log = read_log();
+	log = log_since(0);
 	CHECK_CONTAINS(log, "another directory than its dump's");
 	free(log);
 	CHECK_EQ_INT(image_is_expected(dirfd), nonzero + sizes[3]);

@@ -269,20 +269,6 @@ if [ -f "$B/lib/criu/gpucr_plugin.so" ] && [ -z "${SKIP_GPUCR_CR:-}" ]; then
 	else
 		result "plain-criu-cuda-prog" "${g}GiB" FAIL "$r"
 	fi
-	# A migration's dump (gpucr dump --pre-copy): the GPU memory written
-	# while the program runs, then at T only the chunks that changed; then
-	# gpucrd restarted and the program restored from the image.
-	g=${SIZES##* }
-	if ! over_budget gpucr-precopy-criu-cuda-prog "${g}GiB"; then
-		if r=$(cr_cycle_cuda_prog gpucr-precopy "$g" 10 "$WORK/ref-$g.log" "$STEPS"); then
-			set -- $r
-			pc=$(grep -h "finished from its pre-copy" "$WORK/cr-gpucr-precopy-cuda-prog-$g/dump.out" 2>/dev/null | sed 's/.*: finished/finished/')
-			result gpucr-precopy-criu-cuda-prog "${g}GiB" PASS "gpucr dump --pre-copy ${1}s, restore from the image ${2}s, output identical; ${pc:-no pre-copy figures}"
-		else
-			result gpucr-precopy-criu-cuda-prog "${g}GiB" FAIL "$r"
-			tail -15 "$WORK/gpucrd.log" | sed 's/^/    gpucrd| /'
-		fi
-	fi
 	# gpucr alone at 64 GiB: the stock path keeps a full copy in host
 	# memory and then writes an image of the same size (does not fit a
 	# 128 GiB host). On by default where the GPU has 80 GiB and the host
@@ -300,6 +286,20 @@ if [ -f "$B/lib/criu/gpucr_plugin.so" ] && [ -z "${SKIP_GPUCR_CR:-}" ]; then
 			result gpucr-criu-cuda-prog 64GiB PASS "dump ${1}s restore ${2}s (first step ${3}s) image $(($4 / 1048576)) MiB, output identical"
 		else
 			result gpucr-criu-cuda-prog 64GiB FAIL "$r"
+		fi
+	fi
+	# A migration's dump (gpucr dump --pre-copy): the GPU memory written
+	# while the program runs, then at T only the chunks that changed; then
+	# gpucrd restarted and the program restored from the image.
+	g=${SIZES##* }
+	if ! over_budget gpucr-precopy-criu-cuda-prog "${g}GiB"; then
+		if r=$(cr_cycle_cuda_prog gpucr-precopy "$g" 10 "$WORK/ref-$g.log" "$STEPS"); then
+			set -- $r
+			pc=$(grep -h "finished from its pre-copy" "$WORK/cr-gpucr-precopy-cuda-prog-$g/dump.out" 2>/dev/null | sed 's/.*: finished/finished/')
+			result gpucr-precopy-criu-cuda-prog "${g}GiB" PASS "gpucr dump --pre-copy ${1}s, restore from the image ${2}s, output identical; ${pc:-no pre-copy figures}"
+		else
+			result gpucr-precopy-criu-cuda-prog "${g}GiB" FAIL "$r"
+			tail -15 "$WORK/gpucrd.log" | sed 's/^/    gpucrd| /'
 		fi
 	fi
 	stop_gpucrd

@@ -625,7 +625,6 @@ static struct write_hold *hold_new(Gpucr__DriverOpKind until)
 {
 	struct write_hold *h = calloc(1, sizeof(*h));
 	pthread_condattr_t ca;
-	const char *env = getenv("GPUCR_WRITE_AFTER_DRIVER_TIMEOUT_MS");
 
 	if (!h)
 		return NULL;
@@ -642,7 +641,7 @@ static struct write_hold *hold_new(Gpucr__DriverOpKind until)
 	pthread_condattr_destroy(&ca);
 	pthread_mutex_init(&h->lock, NULL);
 	h->until = until;
-	h->timeout_ms = env && *env ? (unsigned)strtoul(env, NULL, 10) : 3000;
+	h->timeout_ms = env_ms("GPUCR_WRITE_AFTER_DRIVER_TIMEOUT_MS", 3000);
 	return h;
 }
 

@@ -723,6 +723,19 @@ static int cmp_rbuf(const void *a, const void *b)
 	return vx < vy ? -1 : vx > vy;
 }
 
+/* x writes w's pages files: their descriptors, and O_DIRECT ones where the
+ * filesystem takes them (close_direct() closes those). */
+static void open_pages(struct xfer *x, struct img_writer *w)
+{
+	unsigned i;
+
+	x->nfiles = img_writer_files(w);
+	for (i = 0; i < x->nfiles; i++) {
+		x->fds[i] = img_writer_pages_fd_n(w, i);
+		x->dfds[i] = img_writer_open_pages_direct_n(w, i);
+	}
+}
+
 static void close_direct(struct xfer *x)
 {
 	unsigned k;
@@ -966,11 +979,7 @@ int imgio_precopy_round(struct pc_image *pc, pid_t pid, int store, uint64_t *ret
 	if (r < 0 || !store || !nruns)
 		goto out;
 	memset(&x, 0, sizeof(x));
-	x.nfiles = img_writer_files(pc->w);
-	for (i = 0; i < x.nfiles; i++) {
-		x.fds[i] = img_writer_pages_fd_n(pc->w, (unsigned)i);
-		x.dfds[i] = img_writer_open_pages_direct_n(pc->w, (unsigned)i);
-	}
+	open_pages(&x, pc->w);
 	x.write = 1;
 	x.record = 1;
 	x.pid = pid;
@@ -1410,11 +1419,7 @@ int imgio_write(struct proc *p, int dirfd, struct img_stats *st, char *msg, size
 	r = size_pages(w, msg, msglen);
 	if (r < 0)
 		goto out;
-	x.nfiles = img_writer_files(w);
-	for (i = 0; i < x.nfiles; i++) {
-		x.fds[i] = img_writer_pages_fd_n(w, (unsigned)i);
-		x.dfds[i] = img_writer_open_pages_direct_n(w, (unsigned)i);
-	}
+	open_pages(&x, w);
 	x.write = 1;
 	x.pid = p->pid;
 	x.hooks = st->hooks;

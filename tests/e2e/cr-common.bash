@@ -1,6 +1,21 @@
-# Shared by the CRIU end-to-end scripts (sourced, not run): cleanup, result
-# lines, a private gpucrd. Needs B (the build dir), W (a scratch dir) and
-# GPUCR_SOCKET; GPUCRD_ARGS adds daemon options. Counts failures in $fails.
+# Shared by the CRIU end-to-end scripts (sourced after `set -u`, not run):
+# the set-up, cleanup, result lines, a private gpucrd. Set CR_NAME (the
+# scratch dir's name) first. Sets B (the build dir), W (a scratch dir),
+# FAKE (the test driver, for gpucrd and the application), GPUCR_SOCKET,
+# CRIU's plugin dir and APP_ENV: the application under gpucr's shim on the
+# test driver (a script may set its own afterwards). GPUCRD_ARGS adds
+# daemon options. Counts failures in $fails.
+B=$(cd "${BUILD:-build}" && pwd)
+[ "$(id -u)" = 0 ] || { echo "skip: CRIU needs root"; exit 77; }
+command -v criu >/dev/null || { echo "criu not installed: run scripts/install-deps.sh"; exit 1; }
+W=$(mktemp -d "/tmp/gpucr-$CR_NAME.XXXXXX")
+FAKE=$B/fakecuda/libcuda.so.1
+export GPUCR_SOCKET=$W/gpucrd.sock GPUCR_DRIVER_LIBCUDA=$FAKE FAKECUDA_STATE_DIR=$W
+export CRIU_LIBS_DIR=$B/lib/criu
+# A grace period at quiesce well above one "kernel" of the test driver (a
+# host function that runs inside cuLaunchKernel): see control.c on threads
+# that passed the gate just before it closed.
+APP_ENV=(env LD_LIBRARY_PATH=$B/lib/gpucr GPUCR_REAL_LIBCUDA=$FAKE GPUCR_QUIESCE_GRACE_MS=50)
 fails=0
 
 cleanup() {

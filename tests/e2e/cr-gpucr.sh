@@ -14,19 +14,9 @@
 # an application whose GPU memory is (all or partly) its own VMM memory,
 # carried by the driver's checkpoint or, with GPUCR_APP_VMM=1, by gpucr's.
 set -u
-B=$(cd "${BUILD:-build}" && pwd)
-[ "$(id -u)" = 0 ] || { echo "skip: CRIU needs root"; exit 77; }
-command -v criu >/dev/null || { echo "criu not installed: run scripts/install-deps.sh"; exit 1; }
-W=$(mktemp -d /tmp/gpucr-cr.XXXXXX)
-FAKE=$B/fakecuda/libcuda.so.1
-export GPUCR_SOCKET=$W/gpucrd.sock GPUCR_DRIVER_LIBCUDA=$FAKE FAKECUDA_STATE_DIR=$W
-export CRIU_LIBS_DIR=$B/lib/criu
-# A grace period at quiesce well above one "kernel" of the test driver (a
-# host function that runs inside cuLaunchKernel): see control.c on threads
-# that passed the gate just before it closed.
-APP_ENV=(env LD_LIBRARY_PATH=$B/lib/gpucr GPUCR_REAL_LIBCUDA=$FAKE GPUCR_QUIESCE_GRACE_MS=50)
-STEPS=60
+CR_NAME=cr
 . "$(dirname "$0")/cr-common.bash"
+STEPS=60
 
 # Reference output, no daemon.
 "${APP_ENV[@]}" GPUCR_DAEMON=0 "$B/tests/e2e-fake-app" "$W/ref" $STEPS 4 || { echo "reference run failed"; exit 1; }

@@ -17,17 +17,11 @@
 # plugin gives up on it within GPUCR_DAEMON_TIMEOUT_MS and makes the driver
 # calls itself.
 set -u
-B=$(cd "${BUILD:-build}" && pwd)
-[ "$(id -u)" = 0 ] || { echo "skip: CRIU needs root"; exit 77; }
-command -v criu >/dev/null || { echo "criu not installed: run scripts/install-deps.sh"; exit 1; }
-W=$(mktemp -d /tmp/gpucr-plain.XXXXXX)
-FAKE=$B/fakecuda/libcuda.so.1
-export GPUCR_SOCKET=$W/gpucrd.sock GPUCR_DRIVER_LIBCUDA=$FAKE FAKECUDA_STATE_DIR=$W
-export CRIU_LIBS_DIR=$B/lib/criu
+CR_NAME=plain
+. "$(dirname "$0")/cr-common.bash"
 APP_ENV=(env LD_LIBRARY_PATH=$B/fakecuda FAKECUDA_CKPT_KEEPS_MEMORY=1 FAKECUDA_RESTORE_THREAD=1)
 STEPS=60
 GPUCRD_ARGS=--verbose
-. "$(dirname "$0")/cr-common.bash"
 
 # Reference output: the same application, never dumped.
 "${APP_ENV[@]}" "$B/tests/e2e-fake-app" "$W/ref" $STEPS 4 || { echo "reference run failed"; exit 1; }

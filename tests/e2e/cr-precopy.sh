@@ -9,16 +9,9 @@
 # an uninterrupted run's, the image must verify, and the figures (--json,
 # gpucr dump's output) must show the image was finished from the pre-copy.
 set -u
-B=$(cd "${BUILD:-build}" && pwd)
-[ "$(id -u)" = 0 ] || { echo "skip: CRIU needs root"; exit 77; }
-command -v criu >/dev/null || { echo "criu not installed: run scripts/install-deps.sh"; exit 1; }
-W=$(mktemp -d /tmp/gpucr-precopy.XXXXXX)
-FAKE=$B/fakecuda/libcuda.so.1
-export GPUCR_SOCKET=$W/gpucrd.sock GPUCR_DRIVER_LIBCUDA=$FAKE FAKECUDA_STATE_DIR=$W
-export CRIU_LIBS_DIR=$B/lib/criu
-APP_ENV=(env LD_LIBRARY_PATH=$B/lib/gpucr GPUCR_REAL_LIBCUDA=$FAKE GPUCR_QUIESCE_GRACE_MS=50)
-STEPS=60
+CR_NAME=precopy
 . "$(dirname "$0")/cr-common.bash"
+STEPS=60
 
 "${APP_ENV[@]}" GPUCR_DAEMON=0 "$B/tests/e2e-fake-app" "$W/ref" $STEPS 4 || { echo "reference run failed"; exit 1; }
 

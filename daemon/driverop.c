@@ -405,10 +405,8 @@ int wake_proc(struct daemon *d, struct conn *c, const Gpucr__Msg *req)
 		free(j);
 		return conn_reply_err(c, id, -ENOENT, "pid %u: gpucrd does not know its control thread", w->pid);
 	}
-	if (p && p->dump)
-		p->dump_woken = 1; /* CRIU is done with it: it may reconnect (concurrent dumps) */
 	if (p)
-		p->cr_conn = NULL;
+		p->cr_conn = NULL; /* CRIU is done with it: it may reconnect (concurrent dumps) */
 	conn_hold(c);
 	if (daemon_queue_work(d, wake_work, wake_done, j) < 0) {
 		conn_put(c);

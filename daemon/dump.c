@@ -511,9 +511,10 @@ int dump_remap_now(struct proc *p)
 
 int dump_allows_reattach(struct proc *p)
 {
-	/* After the plugin's Wake CRIU is done with the process: it may
-	 * reconnect, and waits (remap_waiting) unless its dump is concurrent. */
-	return p->dump && p->dump->phase == PH_WRITING && p->dump_woken;
+	/* After the plugin's Wake (or its close) CRIU is done with the
+	 * process: it may reconnect, and waits (remap_waiting) unless its dump
+	 * is concurrent. */
+	return p->dump && p->dump->phase == PH_WRITING && !p->cr_conn;
 }
 
 int dump_resume_save_epoch(struct proc *p)
@@ -1186,7 +1187,6 @@ int dump_start(struct daemon *d, struct conn *c, const Gpucr__Msg *req, int dirf
 	conn_hold(c);
 	p->dump = op;
 	p->cr_conn = c;
-	p->dump_woken = 0;
 	p->dump_err = 0;
 	p->image_done = 0;
 	p->io_done = p->io_total = 0;

@@ -63,7 +63,6 @@ struct proc {
 	uint64_t io_done, io_total;
 	uint64_t t_dumped;          /* when its last image was completed */
 	int save_epoch;             /* 1: Resume{save_epoch} sent, 2: the shim runs in it */
-	int dump_woken;             /* the plugin's Wake came during this dump: CRIU is done */
 	struct conn *cr_conn;       /* whose dump request released its memory: CRIU works on the
 	                             * process until that connection's Wake or close */
 	int dump_err;               /* how its last dump's image failed (0: it did not) */

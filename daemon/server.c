@@ -284,7 +284,7 @@ static int on_hello(struct conn *c, Gpucr__Msg *req)
 		int restored = h->has_restored && h->restored;
 
 		if (restored && old && old->state != GPUCR__PROC_STATE__PROC_RESTORING &&
-		    (old->dump ? !dump_allows_reattach(old) : old->cr_conn != NULL)) {
+		    (old->cr_conn || (old->dump && !dump_allows_reattach(old)))) {
 			/* Its dump still runs: a connection now could be caught
 			 * by CRIU's freeze, and the image is not complete. Or
 			 * the image is complete but CRIU still works on the

@@ -11,7 +11,8 @@
 # gpucr-precopy: gpucr dump --pre-copy, restored from the image after a
 # gpucrd restart; NAME-held / NAME-unheld below), WORKLOADS, WORKLOAD_SYSTEMS, CKPT_WORKLOADS
 # (default cuda-prog-16; e.g. "cuda-prog-16 torch-train"), CKPT_SYSTEMS,
-# IMG_GIB, DISK_GIB (0: no disk), BENCH_DISK_DIR, STEPS, BENCH_BUDGET_S
+# IMG_GIB (0: no tmpfs image engine), DISK_GIB (0: no disk), BENCH_DISK_DIR,
+# STEADY_ORDER, STEADY_TORCH_STEPS, STEPS, BENCH_BUDGET_S
 # (default 555: later sections are skipped past it, to fit one 10-minute
 # call).
 # Writes RESULTS_DIR/<date>-<gpu>.{log,json,md,png} (default: results/ beside this script).
@@ -141,21 +142,29 @@ median_step_ms() { # times file: "K SECONDS" per step
 	step_intervals "$1" |
 		awk '{ v[NR] = $1 } END { if (NR) printf "%.3f", v[int((NR + 1) / 2)] * 1000; else printf "nan" }'
 }
-for shim in 0 1 1 0; do
+# STEADY_ORDER (default "0 1 1 0") is the runs' order: 0 without the shim,
+# 1 with it, 2 with it but device memory left to the driver (GPUCR_VMM=0: to
+# tell the shim's calls from its memory); STEADY_TORCH_STEPS (default 20)
+# the training run's steps; STEADY_CUDA_PROG=0 leaves cuda-prog out.
+TSTEPS=${STEADY_TORCH_STEPS:-20}
+for shim in ${STEADY_ORDER:-0 1 1 0}; do
 	over_budget "steady state" && break
 	envx=()
 	[ $shim = 1 ] && envx=(LD_LIBRARY_PATH=$B/lib/gpucr GPUCR_DAEMON=0)
-	rm -f "$WORK/st.times"
-	t0=$(now)
-	env "${envx[@]}" "$B/tests/gpu/cuda-prog" --gib 4 --steps 100 --step-ms 0 --out "$WORK/steady.log" --times "$WORK/st.times"
-	t1=$(now)
-	emit "steady=cuda-prog shim=$shim steps=100 seconds=$(elapsed $t0 $t1) step_ms=$(median_step_ms "$WORK/st.times")"
+	[ $shim = 2 ] && envx=(LD_LIBRARY_PATH=$B/lib/gpucr GPUCR_DAEMON=0 GPUCR_VMM=0)
+	if [ "${STEADY_CUDA_PROG:-1}" != 0 ]; then
+		rm -f "$WORK/st.times"
+		t0=$(now)
+		env "${envx[@]}" "$B/tests/gpu/cuda-prog" --gib 4 --steps 100 --step-ms 0 --out "$WORK/steady.log" --times "$WORK/st.times"
+		t1=$(now)
+		emit "steady=cuda-prog shim=$shim steps=100 seconds=$(elapsed $t0 $t1) step_ms=$(median_step_ms "$WORK/st.times")"
+	fi
 	if python3 -c 'import torch' 2>/dev/null; then
 		rm -f "$WORK/st.times"
 		t0=$(now)
-		env "${envx[@]}" python3 "$B/share/gpucr/tests/gpu/torch_train.py" --steps 20 --out "$WORK/tt.log" --times "$WORK/st.times" >/dev/null 2>&1
+		env "${envx[@]}" python3 "$B/share/gpucr/tests/gpu/torch_train.py" --steps "$TSTEPS" --out "$WORK/tt.log" --times "$WORK/st.times" >/dev/null 2>&1
 		t1=$(now)
-		emit "steady=torch-train shim=$shim steps=20 seconds=$(elapsed $t0 $t1) step_ms=$(median_step_ms "$WORK/st.times")"
+		emit "steady=torch-train shim=$shim steps=$TSTEPS seconds=$(elapsed $t0 $t1) step_ms=$(median_step_ms "$WORK/st.times")"
 	fi
 done
 section "image engine"
@@ -165,7 +174,7 @@ section "image engine"
 gbs() { grep -o '[0-9.]* GB/s' | head -1 | cut -d' ' -f1; }
 IMG_GIB=${IMG_GIB:-16}
 mkdir -p "$WORK/imgbench"
-if over_budget "image engine on tmpfs"; then :
+if [ "$IMG_GIB" = 0 ] || over_budget "image engine on tmpfs"; then :
 elif out=$("$B/bin/imgbench" --gib "$IMG_GIB" --dir "$WORK/imgbench" --ceilings 2>&1); then
 	echo "$out" | sed 's/^/    imgbench| /' >>"$log"
 	emit "image=tmpfs gib=$IMG_GIB write_gbs=$(echo "$out" | grep '^write' | gbs) read_gbs=$(echo "$out" | grep '^read' | gbs)" \

@@ -12,6 +12,12 @@
 //           stream is synchronised after each batch, outside the timed part, so
 //           the launch queue never fills and no launch waits for the GPU.
 //           A repetition's figure is the mean over its launches.
+//   paired  the added cost itself, in one process: the linked cuLaunchKernel
+//           (the shim's wrapper when the shim is in place) against the real
+//           driver's (found among the loaded objects), batch by batch
+//           alternately, per repetition the difference of the means, ns per
+//           launch ("paired.cuLaunchKernel.pN.added"). Without the shim both
+//           are the driver's and the figure is the method's noise floor.
 //   alloc   cuMemAlloc/cuMemFree and cudaMalloc/cudaFree, 256 B to 1 GiB:
 //           n allocations timed together, then their n frees (in allocation
 //           order), µs per call; cuMemAllocAsync/cuMemFreeAsync (default pool,
@@ -224,7 +230,67 @@ static double time_launches(CUfunction f, const void *sym, void **params, launch
 	return (double)busy / (double)total;
 }
 
-static void bench_launch(int reps, long total, long batch)
+// Host time of b launches through fn, ns (the stream is synchronised after,
+// untimed). Only launches through the shim (counted) go into the
+// SHIMCOST-COUNTS total: those through the real driver bypass it on purpose.
+static uint64_t time_batch(launch_fn fn, CUfunction f, void **params, CUstream s, long b, bool counted)
+{
+	int bad = 0;
+	uint64_t t0 = now_ns(), t;
+
+	for (long i = 0; i < b; i++)
+		bad |= fn(f, 1, 1, 1, 1, 1, 1, 0, s, params, NULL);
+	t = now_ns() - t0;
+	if (counted)
+		issued_launches += (uint64_t)b;
+	if (bad) {
+		fprintf(stderr, "shimcost: a launch failed during the paired loop\n");
+		exit(1);
+	}
+	CU(cuStreamSynchronize(s));
+	return t;
+}
+
+// The paired figure: the cuLaunchKernel this program links (the shim's, when
+// it is in place) against the real driver's, in the same process, batch by
+// batch alternately (which goes first alternates too), so that what differs
+// between two processes (clocks, cores, where the driver's queues landed)
+// falls out. A repetition's figure is the difference of the two means, ns
+// per launch. Without the shim both are the driver's: the figure is then the
+// method's own noise.
+static void bench_paired(launch_fn real, CUfunction *fn, void **args, CUstream s, int reps, long total,
+			 long batch)
+{
+	const int nparams[3] = { 0, 4, 16 };
+	launch_fn linked = cuLaunchKernel;
+	char name[64];
+
+	printf("SHIMCOST-INFO section=paired real_cuLaunchKernel=%p linked_cuLaunchKernel=%p same=%d\n",
+	       (void *)real, (void *)linked, real == linked);
+	for (int r = 0; r < reps; r++)
+		for (int k = 0; k < 3; k++) {
+			void **p = nparams[k] ? args : NULL;
+			uint64_t tl = 0, tr = 0;
+			long n = 0;
+
+			for (long done = 0, i = 0; done < total; done += batch, i++) {
+				long b = total - done < batch ? total - done : batch;
+
+				if (i & 1) {
+					tr += time_batch(real, fn[k], p, s, b, real == linked);
+					tl += time_batch(linked, fn[k], p, s, b, true);
+				} else {
+					tl += time_batch(linked, fn[k], p, s, b, true);
+					tr += time_batch(real, fn[k], p, s, b, real == linked);
+				}
+				n += b;
+			}
+			snprintf(name, sizeof(name), "paired.cuLaunchKernel.p%d.added", nparams[k]);
+			fig_add(name, "ns", n, ((double)tl - (double)tr) / (double)n);
+		}
+}
+
+static void bench_launch(int reps, long total, long batch, launch_fn real)
 {
 	const void *syms[3] = { (const void *)k0, (const void *)k4, (const void *)k16 };
 	const int nparams[3] = { 0, 4, 16 };
@@ -277,6 +343,10 @@ static void bench_launch(int reps, long total, long batch)
 				snprintf(name, sizeof(name), "launch.%s.p%d", api_names[a], nparams[k]);
 				fig_add(name, "ns", total, ns);
 			}
+	if (real)
+		bench_paired(real, fn, args, s, reps, total, batch);
+	else
+		printf("SHIMCOST-INFO section=paired skipped=the-real-driver's-cuLaunchKernel-not-found\n");
 	CU(cuStreamDestroy(s));
 	CU(cuMemFree(dbuf));
 }
@@ -502,6 +572,24 @@ static shim_counts_fn find_shim_counts(const struct libs *l)
 	return (shim_counts_fn)f;
 }
 
+// The real driver's cuLaunchKernel: from the loaded libcuda object that does
+// not export gpucr_shim_counts (without the shim, the only one), or NULL.
+static launch_fn find_real_launch(const struct libs *l)
+{
+	void *f = NULL;
+
+	for (int i = 0; !f && i < l->n && i < MAX_LIBS; i++) {
+		void *h = dlopen(l->path[i], RTLD_NOLOAD | RTLD_LAZY);
+
+		if (!h)
+			continue;
+		if (!dlsym(h, "gpucr_shim_counts"))
+			f = dlsym(h, "cuLaunchKernel");
+		dlclose(h);
+	}
+	return (launch_fn)f;
+}
+
 // The SHIMCOST-COUNTS line: what this program issued against what the shim
 // counted, read after everything issued has been synchronised.
 static void print_counts(const struct libs *l)
@@ -588,7 +676,7 @@ int main(int argc, char **argv)
 	fflush(stdout);
 
 	if (!only || !strcmp(only, "launch"))
-		bench_launch(reps, launches, batch);
+		bench_launch(reps, launches, batch, find_real_launch(&libs));
 	if (!only || !strcmp(only, "alloc"))
 		bench_alloc(reps);
 	if (!only || !strcmp(only, "copy"))

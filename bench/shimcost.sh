@@ -10,7 +10,10 @@
 # (LD_LIBRARY_PATH=$B/lib/gpucr GPUCR_DAEMON=0) and prints the two side by
 # side (without, with, difference, and the run-to-run noise: the larger
 # spread, max - min over the repetitions, of the two runs), with a verdict on
-# the worst added cost per launch that says whether it is within that noise.
+# the worst added cost per launch that says whether it is within that noise,
+# and the added cost measured in one process (shimcost's paired figures: the
+# shim's cuLaunchKernel against the real driver's, batches alternating),
+# which the differences between two processes do not blur.
 # Then, with the shim, it checks that every kernel launch passed one of the
 # shim's wrappers (gpucr_shim_counts, libintercept/gpucr_shim.h), in
 #   - a driver API program: shimcost itself (cuLaunchKernel linked and as an
@@ -290,6 +293,7 @@ if [ -s "$tmp/shimcost-without" ] && [ -s "$tmp/shimcost-with" ]; then
 			       (a[k] ? 100 * d / a[k] : 0), noise, inn ? " *" : ""
 			printf "SHIMCOST-DIFF name=%s unit=%s without=%.3f with=%.3f diff=%.3f pct=%.2f noise=%.3f within_noise=%d reps_without=%d reps_with=%d\n",
 			       k, unit[k], a[k], b[k], d, (a[k] ? 100 * d / a[k] : 0), noise, inn, ra[k], rb[k] >> RAW
+			if (k ~ /^paired\./ && (pw == "" || b[k] + 0 > pd)) { pw = k; pd = b[k] + 0; pf = a[k] + 0; ps = sb[k] + 0 }
 			if (k ~ /^launch\./) {
 				nl++; nin += inn
 				if (worst == "" || d > wd) { worst = k; wd = d; wn = noise; wr = (ra[k] < rb[k] ? ra[k] : rb[k]) }
@@ -302,6 +306,11 @@ if [ -s "$tmp/shimcost-without" ] && [ -s "$tmp/shimcost-with" ]; then
 			       worst, wd, (wd <= 1000 ? "within" : "OVER"), (wi ? "the difference is within" : "the difference exceeds"), wn, wr, nin, nl
 			printf "SHIMCOST-VERDICT launch_worst=%s added_ns=%.1f target_ns=1000 ok=%d noise_ns=%.1f within_noise=%d reps=%d launch_within_noise=%d launch_figures=%d\n",
 			       worst, wd, (wd <= 1000), wn, wi, wr, nin, nl >> RAW
+		}
+		if (pw != "") {
+			printf "added cost per launch, paired in one process (the shim'"'"'s cuLaunchKernel against the real driver'"'"'s, batches alternating), worst case: %s %+.0f ns (spread %.0f ns over the repetitions; the same measurement without the shim, driver against driver: %+.0f ns) (issue 3 target: <= 1000 ns): %s\n",
+			       pw, pd, ps, pf, (pd <= 1000 ? "within" : "OVER")
+			printf "SHIMCOST-PAIRED worst=%s added_ns=%.1f spread_ns=%.1f floor_ns=%.1f target_ns=1000 ok=%d\n", pw, pd, ps, pf, (pd <= 1000) >> RAW
 		}
 	}' "$tmp/shimcost-without" "$tmp/shimcost-with"
 fi

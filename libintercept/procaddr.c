@@ -82,7 +82,8 @@ static bool in_shim(const void *addr)
 static bool graphics_interop(const char *symbol)
 {
 	static const char *const prefixes[] = { "cuGL", "cuWGL", "cuEGL", "cuVDPAU", "cuD3D", "cuGraphicsGL",
-						"cuGraphicsEGL", "cuGraphicsVDPAU", "cuGraphicsD3D" };
+						"cuGraphicsEGL", "cuGraphicsVDPAU", "cuGraphicsD3D",
+						"cuGraphicsResourceGetMappedEgl" };
 	size_t i;
 
 	for (i = 0; symbol && i < sizeof(prefixes) / sizeof(prefixes[0]); i++)

@@ -3,6 +3,7 @@
 # cuda-prog, nvidia-smi and python3 (torch_launches.py) print the lines the
 # real ones print, with and without the shim (told apart by
 # LD_LIBRARY_PATH). Checks the side-by-side table and its noise verdict, the
+# verdict on the added cost measured in one process (paired figures), the
 # "every kernel launch passed the shim" lines of the driver API program
 # (shimcost), the runtime API program (cuda-prog), PyTorch training,
 # torch.compile and cuBLAS, that a summary key is matched whole
@@ -45,11 +46,16 @@ if [ \$shim = 1 ]; then
 	echo "SHIMCOST name=launch.cuLaunchKernel.p0 unit=ns value=4300.000 min=4200.000 max=\$hi.000 spread=0 reps=5 n=50000"
 	echo "SHIMCOST name=launch.cudaLaunchKernel.p0 unit=ns value=4550.000 min=4450.000 max=4800.000 spread=0 reps=5 n=50000"
 	echo "SHIMCOST name=alloc.cuMemAlloc.1GiB unit=us value=900.000 min=850.000 max=990.000 spread=0 reps=5 n=2"
+	pa=12; [ "\${MOCK_SLOW:-0}" = 1 ] && pa=1200
+	echo "SHIMCOST name=paired.cuLaunchKernel.p0.added unit=ns value=8.000 min=1.000 max=20.000 spread=19 reps=5 n=50000"
+	echo "SHIMCOST name=paired.cuLaunchKernel.p16.added unit=ns value=\$pa.000 min=3.000 max=30.000 spread=27 reps=5 n=50000"
 	echo "SHIMCOST-COUNTS launches=2259000 copies=162 memsets=0 shim_kernels=2259000 shim_graphs=0 shim_copies=162 shim_memsets=0"
 else
 	echo "SHIMCOST name=launch.cuLaunchKernel.p0 unit=ns value=4000.000 min=3950.000 max=4100.000 spread=0 reps=5 n=50000"
 	echo "SHIMCOST name=launch.cudaLaunchKernel.p0 unit=ns value=4500.000 min=4400.000 max=4700.000 spread=0 reps=5 n=50000"
 	echo "SHIMCOST name=alloc.cuMemAlloc.1GiB unit=us value=800.000 min=790.000 max=820.000 spread=0 reps=5 n=2"
+	echo "SHIMCOST name=paired.cuLaunchKernel.p0.added unit=ns value=-3.000 min=-9.000 max=4.000 spread=13 reps=5 n=50000"
+	echo "SHIMCOST name=paired.cuLaunchKernel.p16.added unit=ns value=2.000 min=-5.000 max=6.000 spread=11 reps=5 n=50000"
 	echo "SHIMCOST-COUNTS launches=2259000 copies=162 memsets=0 shim_counts=unavailable"
 fi
 EOF
@@ -108,6 +114,10 @@ grep -q '^every kernel launch passed the shim (torch.compile training step.*): y
 	fail "torch.compile check"
 grep -q '^every kernel launch passed the shim (cuBLAS GEMMs.*): yes (shim 40, profiler 40 per step' <<<"$out" ||
 	fail "cuBLAS check"
+grep -q 'paired in one process .*worst case: paired.cuLaunchKernel.p16.added +12 ns (spread 27 ns over the repetitions; the same measurement without the shim, driver against driver: +2 ns) (issue 3 target: <= 1000 ns): within$' <<<"$out" ||
+	fail "paired verdict line (the worst of the with-shim run's paired figures, numerically: 12 > 8)"
+grep -q '^SHIMCOST-PAIRED worst=paired.cuLaunchKernel.p16.added added_ns=12.0 spread_ns=27.0 floor_ns=2.0 target_ns=1000 ok=1$' "$work/raw.log" ||
+	fail "raw SHIMCOST-PAIRED line"
 for k in SHIMCOST-VERDICT SHIMCOST-DRIVER-WRAPPED SHIMCOST-CUDAPROG-WRAPPED SHIMCOST-TORCH-WRAPPED \
 	SHIMCOST-COMPILE-WRAPPED SHIMCOST-GEMM-WRAPPED; do
 	grep -q "^$k .*ok=1" "$work/raw.log" || fail "raw file: no $k line with ok=1"
@@ -119,6 +129,12 @@ grep -q '^SHIMCOST-TORCH kernels_without=729 kernels_with=729 launch_calls_witho
 out=$(MOCK_NOISY=1 run 2>&1) || fail "exit $? on the noisy mock run"
 grep -q 'the difference is within the run-to-run noise (spread 700 ns over 5 reps); 2 of 2' <<<"$out" ||
 	fail "noisy verdict: $(grep 'worst case' <<<"$out")"
+
+# A paired figure over the target: OVER in the paired verdict (1200 compared
+# as a number, not as text).
+out=$(MOCK_SLOW=1 run 2>&1) || fail "exit $? on the slow mock run"
+grep -q 'paired in one process .*worst case: paired.cuLaunchKernel.p16.added +1200 ns .*: OVER$' <<<"$out" ||
+	fail "slow paired verdict: $(grep 'paired in one' <<<"$out")"
 
 # A launch the shim did not count: NO, exit 1.
 set +e

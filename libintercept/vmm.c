@@ -162,6 +162,40 @@ static void region_unlink(struct region *r)
 		r->next->prev = r->prev;
 }
 
+/* A region of one chunk, handle h mapped at [va, va + size), entered in
+ * the list (the daemon hears of it); NULL when out of memory. */
+static struct region *region_new(int device, CUdeviceptr va, size_t size, CUmemGenericAllocationHandle h)
+{
+	struct region *r = calloc(1, sizeof(*r));
+
+	if (!r)
+		return NULL;
+	r->chunks = calloc(1, sizeof(*r->chunks));
+	if (!r->chunks) {
+		free(r);
+		return NULL;
+	}
+	r->va = va;
+	r->size = size;
+	r->device = device;
+	r->nchunks = 1;
+	r->chunks[0] = (struct chunk){ .handle = h, .off = 0, .size = size, .mapped = true };
+	region_link(r);
+	control_kick(); /* the daemon hears of it */
+	return r;
+}
+
+/* Takes r out of the list and frees it (its memory is the caller's
+ * business); the daemon hears of it. */
+static void region_forget(struct region *r)
+{
+	region_unlink(r);
+	free(r->access);
+	free(r->chunks);
+	free(r);
+	control_kick();
+}
+
 int vmm_region_create(int device, size_t size, struct region **ret_region)
 {
 	size_t gran = vmm_granularity(device);
@@ -177,18 +211,10 @@ int vmm_region_create(int device, size_t size, struct region **ret_region)
 	if (size > SIZE_MAX - gran)
 		return gpucr_err_from_cu(CUDA_ERROR_OUT_OF_MEMORY);
 	size = SHIM_ALIGN_UP(size, gran);
-	r = calloc(1, sizeof(*r));
-	if (!r)
-		return -ENOMEM;
-	r->chunks = calloc(1, sizeof(*r->chunks));
-	if (!r->chunks) {
-		err = -ENOMEM;
-		goto err_free;
-	}
 	cr = real.cuMemAddressReserve(&va, size, gran, 0, 0);
 	if (cr != CUDA_SUCCESS) {
 		err = gpucr_err_from_cu(cr);
-		goto err_free;
+		goto err_out;
 	}
 	vmm_prop(device, &prop);
 	cr = real.cuMemCreate(&h, size, &prop, 0);
@@ -201,24 +227,21 @@ int vmm_region_create(int device, size_t size, struct region **ret_region)
 		err = gpucr_err_from_cu(cr);
 		goto err_release;
 	}
-	r->va = va;
-	r->size = size;
-	r->device = device;
-	r->nchunks = 1;
-	r->chunks[0] = (struct chunk){ .handle = h, .off = 0, .size = size, .mapped = true };
-	region_link(r);
+	r = region_new(device, va, size, h);
+	if (!r) {
+		err = -ENOMEM;
+		real.cuMemUnmap(va, size);
+		goto err_release;
+	}
 	*ret_region = r;
-	control_kick(); /* the daemon hears of it */
 	return 0;
 
 err_release:
 	real.cuMemRelease(h);
 err_unreserve:
 	real.cuMemAddressFree(va, size);
-err_free:
+err_out:
 	pr_debug("device %d: VMM region of %zu bytes: %s\n", device, size, gpucr_strerror(err));
-	free(r->chunks);
-	free(r);
 	return err;
 }
 
@@ -262,10 +285,7 @@ void vmm_region_destroy(struct region *r)
 	if (cr != CUDA_SUCCESS)
 		pr_debug("cuMemAddressFree(%#llx, %zu): %s\n", (unsigned long long)r->va, r->size,
 			 gpucr_strerror(gpucr_err_from_cu(cr)));
-	region_unlink(r);
-	free(r->chunks);
-	free(r);
-	control_kick(); /* the daemon hears of it */
+	region_forget(r);
 }
 
 int vmm_region_adopt(int device, CUdeviceptr va, size_t size, CUmemGenericAllocationHandle h,
@@ -275,23 +295,11 @@ int vmm_region_adopt(int device, CUdeviceptr va, size_t size, CUmemGenericAlloca
 
 	if (!vmm_granularity(device))
 		return -EOPNOTSUPP;
-	r = calloc(1, sizeof(*r));
+	r = region_new(device, va, size, h);
 	if (!r)
 		return -ENOMEM;
-	r->chunks = calloc(1, sizeof(*r->chunks));
-	if (!r->chunks) {
-		free(r);
-		return -ENOMEM;
-	}
-	r->va = va;
-	r->size = size;
-	r->device = device;
 	r->app = true;
-	r->nchunks = 1;
-	r->chunks[0] = (struct chunk){ .handle = h, .off = 0, .size = size, .mapped = true };
-	region_link(r);
 	*ret_region = r;
-	control_kick(); /* the daemon hears of it */
 	return 0;
 }
 
@@ -301,13 +309,10 @@ CUmemGenericAllocationHandle vmm_region_disown(struct region *r)
 
 	if (r->chunks[0].reported)
 		note_freed(r->va);
-	region_unlink(r);
-	free(r->access);
-	free(r->chunks);
-	free(r);
-	control_kick();
+	region_forget(r);
 	return h;
 }
+
 size_t vmm_chunk_count(size_t *ret_mapped)
 {
 	size_t n = 0, mapped = 0;
@@ -586,8 +591,7 @@ int vmm_remap_all(const struct alloc_chunk_fd *chunks, size_t count)
 					return gpucr_err_from_cu(cr);
 				}
 			}
-			cr = r->app ? map_chunk(key.va, c->size, r->device, h, r->access, r->naccess)
-				    : map_chunk(key.va, c->size, r->device, h, NULL, 0);
+			cr = map_chunk(key.va, c->size, r->device, h, r->access, r->naccess);
 			if (cr != CUDA_SUCCESS) {
 				pr_debug("remap of the chunk at %#llx: %s\n", (unsigned long long)key.va,
 					 gpucr_strerror(gpucr_err_from_cu(cr)));

@@ -124,8 +124,6 @@ struct dump_op {
 	int asked;                  /* ChunksSaved{all, escaped} sent: the epoch is over */
 	unsigned drain_ms;          /* the drain time the quiesce gave the shim */
 	struct precopy *pc;         /* the pre-copy its image is finished from, or NULL */
-	uint64_t pc_bytes;          /* what that pre-copy wrote, its rounds */
-	uint32_t pc_rounds;
 };
 
 static void answer_requester(struct dump_op *op)
@@ -846,10 +844,13 @@ static void write_finish(struct dump_op *op)
 	struct proc *p = op->p;
 	struct conn *waiting;
 	struct daemon *op_d;
+	uint64_t pc_bytes;
+	uint32_t pc_rounds;
 
 	/* The proc cannot go away while busy: drop refuses, and a released
 	 * process's disconnect keeps it. */
 	p->busy--;
+	precopy_figures(op->pc, &pc_bytes, &pc_rounds);
 	if (op->err) {
 		pr_err("pid %d: the GPU image was not written: %s", (int)op->pid, op->msg);
 		p->dump_err = op->err;
@@ -863,7 +864,7 @@ static void write_finish(struct dump_op *op)
 		if (op->st.pre_copied)
 			pr_info("pid %d (%s): finished from its pre-copy (%llu MiB in %u round(s)): %llu MiB written at T, "
 				"%llu MiB kept; final pass %.3f s",
-				(int)op->pid, p->comm, (unsigned long long)(op->pc_bytes >> 20), op->pc_rounds,
+				(int)op->pid, p->comm, (unsigned long long)(pc_bytes >> 20), pc_rounds,
 				(unsigned long long)(op->st.final_bytes >> 20),
 				(unsigned long long)(op->st.reused_bytes >> 20), op->st.elapsed_ns / 1e9);
 		if (p->state == GPUCR__PROC_STATE__PROC_RELEASED)
@@ -894,8 +895,8 @@ static void write_finish(struct dump_op *op)
 		p->last.pre_copied = op->st.pre_copied;
 		p->last.final_bytes = op->st.final_bytes;
 		p->last.reused_bytes = op->st.reused_bytes;
-		p->last.precopy_bytes = op->pc_bytes;
-		p->last.precopy_rounds = op->pc_rounds;
+		p->last.precopy_bytes = pc_bytes;
+		p->last.precopy_rounds = pc_rounds;
 	}
 	waiting = p->remap_waiting;
 	p->remap_waiting = NULL;
@@ -1169,7 +1170,6 @@ int dump_start(struct daemon *d, struct conn *c, const Gpucr__Msg *req, int dirf
 	op->req_id = id;
 	op->t_start = now_ns();
 	op->pc = precopy_take(p, dirfd);
-	precopy_figures(op->pc, &op->pc_bytes, &op->pc_rounds);
 	if (dr->has_concurrent && dr->concurrent && dr->has_leave_running && dr->leave_running && cc_start(op) < 0)
 		pr_warn("pid %d: no concurrent dump (out of memory); it waits for its image", (int)p->pid);
 	if (dr->has_image_background && dr->image_background && !env_off("GPUCR_WRITE_AFTER_DRIVER")) {

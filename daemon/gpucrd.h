@@ -225,7 +225,6 @@ struct pc_image {
 	uint64_t chunk;
 	size_t nbufs;
 	struct pc_buf *bufs;        /* sorted by va */
-	uint64_t *progress;         /* bytes written so far, or NULL */
 };
 
 struct img_stats {
@@ -294,6 +293,12 @@ void registry_drop(struct daemon *d, struct proc *p);
 void registry_free_all(struct daemon *d);
 /* Imports every buffer's fd into the daemon (worker thread). */
 int registry_take_over(struct proc *p, char *msg, size_t msglen);
+/* Maps b's memory into gpucrd from its fd, on the device b names (by
+ * UUID, else by ordinal); msg says what failed, without the pid. Expects
+ * gpu_init() done. */
+int rbuf_import(struct rbuf *b, char *msg, size_t msglen);
+/* Lets go of b's mapping and fd (fd -1 after), keeping b itself. */
+void rbuf_release(struct rbuf *b);
 void rbuf_free(struct rbuf *b);
 /* Frees the memory kept for dumped processes, oldest first, while more than
  * d->retain_max bytes are kept. Only memory whose image is complete goes. */

@@ -985,7 +985,6 @@ int imgio_precopy_round(struct pc_image *pc, pid_t pid, int store, uint64_t *ret
 	x.pid = pid;
 	x.chunk = pc->chunk;
 	x.what = "pre-copy";
-	x.progress = pc->progress;
 	x.runs = runs;
 	x.nruns = nruns;
 	x.msg = msg;
@@ -1012,9 +1011,7 @@ void imgio_precopy_free(struct pc_image *pc)
 	img_writer_abort(pc->w);
 	pc->w = NULL;
 	for (i = 0; i < pc->nbufs; i++) {
-		gpu_mem_release(&pc->bufs[i].rb.mem);
-		if (pc->bufs[i].rb.fd >= 0)
-			close(pc->bufs[i].rb.fd);
+		rbuf_release(&pc->bufs[i].rb);
 		free(pc->bufs[i].ch);
 	}
 	free(pc->bufs);

@@ -50,7 +50,6 @@ struct precopy {
 	unsigned rounds;
 	uint64_t round_dirty[PC_ROUNDS_MAX];
 	unsigned nround_dirty;
-	uint64_t progress;
 };
 
 void precopy_free(struct precopy *pc)
@@ -155,22 +154,9 @@ static int import_all(struct precopy *pc)
 		return r;
 	}
 	for (i = 0; i < pc->img.nbufs; i++) {
-		struct rbuf *b = &pc->img.bufs[i].rb;
-		struct gpu_dev *dev = gpu_dev_by_uuid(b->uuid);
-
-		if (!dev)
-			dev = gpu_dev_by_ordinal((int)b->device);
-		if (!dev) {
-			snprintf(pc->msg, sizeof(pc->msg), "buffer 0x%" PRIx64 " is on device %u, which gpucrd does not see",
-				 b->va, b->device);
-			return -ENODEV;
-		}
-		r = gpu_mem_import(dev, b->fd, b->phys_size, &b->mem);
-		if (r < 0) {
-			snprintf(pc->msg, sizeof(pc->msg), "buffer 0x%" PRIx64 " (%" PRIu64 " bytes): import failed: %s",
-				 b->va, b->phys_size, gpucr_strerror(r));
+		r = rbuf_import(&pc->img.bufs[i].rb, pc->msg, sizeof(pc->msg));
+		if (r < 0)
 			return r;
-		}
 	}
 	return 0;
 }
@@ -225,12 +211,8 @@ static void precopy_work(void *data)
 		pc->dirty = dirty;
 	}
 	/* The dump takes the memory over itself: no mapping kept meanwhile. */
-	for (i = 0; i < pc->img.nbufs; i++) {
-		gpu_mem_release(&pc->img.bufs[i].rb.mem);
-		if (pc->img.bufs[i].rb.fd >= 0)
-			close(pc->img.bufs[i].rb.fd);
-		pc->img.bufs[i].rb.fd = -1;
-	}
+	for (i = 0; i < pc->img.nbufs; i++)
+		rbuf_release(&pc->img.bufs[i].rb);
 	pc->err = r;
 	pc->elapsed_ns = now_ns() - pc->t0;
 }
@@ -329,7 +311,6 @@ int precopy_request(struct daemon *d, struct conn *c, const Gpucr__Msg *req, int
 	pc->max_rounds = rq->has_max_rounds ? rq->max_rounds : PC_ROUNDS_DEFAULT;
 	if (pc->max_rounds > PC_ROUNDS_MAX)
 		pc->max_rounds = PC_ROUNDS_MAX;
-	pc->img.progress = &pc->progress;
 	r = snapshot(pc, p);
 	if (r < 0) {
 		precopy_free(pc);

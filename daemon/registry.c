@@ -45,13 +45,19 @@ struct proc *registry_attach(struct daemon *d, pid_t pid, uid_t uid, const char 
 	return p;
 }
 
+void rbuf_release(struct rbuf *b)
+{
+	gpu_mem_release(&b->mem);
+	if (b->fd >= 0)
+		close(b->fd);
+	b->fd = -1;
+}
+
 void rbuf_free(struct rbuf *b)
 {
 	if (!b)
 		return;
-	gpu_mem_release(&b->mem);
-	if (b->fd >= 0)
-		close(b->fd);
+	rbuf_release(b);
 	free(b);
 }
 
@@ -153,6 +159,25 @@ void registry_detach(struct daemon *d, struct proc *p)
 	registry_drop(d, p);
 }
 
+int rbuf_import(struct rbuf *b, char *msg, size_t msglen)
+{
+	struct gpu_dev *dev = gpu_dev_by_uuid(b->uuid);
+	int r;
+
+	if (!dev)
+		dev = gpu_dev_by_ordinal((int)b->device);
+	if (!dev) {
+		snprintf(msg, msglen, "buffer 0x%llx is on device %u, which gpucrd does not see",
+			 (unsigned long long)b->va, b->device);
+		return -ENODEV;
+	}
+	r = gpu_mem_import(dev, b->fd, b->phys_size, &b->mem);
+	if (r < 0)
+		snprintf(msg, msglen, "buffer 0x%llx (%llu bytes): import failed: %s", (unsigned long long)b->va,
+			 (unsigned long long)b->phys_size, gpucr_strerror(r));
+	return r;
+}
+
 int registry_take_over(struct proc *p, char *msg, size_t msglen)
 {
 	char gmsg[512];
@@ -165,23 +190,11 @@ int registry_take_over(struct proc *p, char *msg, size_t msglen)
 		return r;
 	}
 	for (b = p->bufs; b; b = b->next) {
-		struct gpu_dev *dev;
-
 		if (b->mem.dev)
 			continue;
-		dev = gpu_dev_by_uuid(b->uuid);
-		if (!dev)
-			dev = gpu_dev_by_ordinal((int)b->device);
-		if (!dev) {
-			snprintf(msg, msglen, "pid %d: buffer 0x%llx is on device %u, which gpucrd does not see",
-				 (int)p->pid, (unsigned long long)b->va, b->device);
-			return -ENODEV;
-		}
-		r = gpu_mem_import(dev, b->fd, b->phys_size, &b->mem);
+		r = rbuf_import(b, gmsg, sizeof(gmsg));
 		if (r < 0) {
-			snprintf(msg, msglen, "pid %d: buffer 0x%llx (%llu bytes): import failed: %s",
-				 (int)p->pid, (unsigned long long)b->va,
-				 (unsigned long long)b->phys_size, gpucr_strerror(r));
+			snprintf(msg, msglen, "pid %d: %s", (int)p->pid, gmsg);
 			return r;
 		}
 	}

@@ -6,6 +6,7 @@ dump and restore time against GPU memory size, gpucr beside the stock path.
 import json
 import re
 import shlex
+import statistics
 import sys
 
 
@@ -44,8 +45,7 @@ def main():
     md += ["| GiB | system | dump (s) | restore (s) | first step after restore (s) | image (MiB) | results |",
            "|---|---|---|---|---|---|---|"]
     for g in sizes:
-        for sys_ in ("stock", "gpucr", "gpucr-bg", "gpucr-image", "gpucr-held", "gpucr-bg-held",
-                     "gpucr-image-held"):
+        for sys_ in dict.fromkeys(r["system"] for r in rows):  # in the run's order
             r = by.get((sys_, "%g" % g)) or by.get((sys_, str(g))) or by.get((sys_, str(int(g))))
             if not r:
                 continue
@@ -71,23 +71,23 @@ def main():
                         and s[key] != "nan"]
 
             def median(v):
-                v = sorted(v)
-                return None if not v else (v[len(v) // 2] if len(v) % 2 else (v[len(v) // 2 - 1] + v[len(v) // 2]) / 2)
+                return statistics.median(v) if v else None
+
+            def each(v):
+                return ", ".join("%.2f" % x for x in v)
+            st = {shim: vals("step_ms", shim) for shim in ("0", "1", "2")}
             ra, rb = median(vals("seconds", "0")), median(vals("seconds", "1"))
-            sa, sb = median(vals("step_ms", "0")), median(vals("step_ms", "1"))
+            sa, sb, sv = median(st["0"]), median(st["1"]), median(st["2"])
             if ra is None or rb is None:
                 continue
-            each = "%s / %s" % (", ".join("%.2f" % x for x in vals("step_ms", "0")),
-                                ", ".join("%.2f" % x for x in vals("step_ms", "1")))
             if sa is not None and sb is not None:
-                md.append("| %s | %.2f | %.2f | %+.1f%% | %s | %.2f / %.2f |" % (name, sa, sb, (sb / sa - 1) * 100, each, ra, rb))
+                md.append("| %s | %.2f | %.2f | %+.1f%% | %s / %s | %.2f / %.2f |" % (
+                    name, sa, sb, (sb / sa - 1) * 100, each(st["0"]), each(st["1"]), ra, rb))
             else:
                 md.append("| %s | | | %+.1f%% (whole run) | | %.2f / %.2f |" % (name, (rb / ra - 1) * 100, ra, rb))
-            sv = median(vals("step_ms", "2"))
             if sv is not None and sa is not None:
                 md.append("| %s, shim with GPUCR_VMM=0 (device memory left to the driver) | %.2f | %.2f | %+.1f%% | %s | %.2f / %.2f |" % (
-                    name, sa, sv, (sv / sa - 1) * 100, ", ".join("%.2f" % x for x in vals("step_ms", "2")),
-                    ra, median(vals("seconds", "2"))))
+                    name, sa, sv, (sv / sa - 1) * 100, each(st["2"]), ra, median(vals("seconds", "2"))))
     if workloads:
         md += ["", "| workload | system | dump (s) | restore (s) | first step after restore (s) | image (MiB) | results |",
                "|---|---|---|---|---|---|---|"]

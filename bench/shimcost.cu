@@ -231,9 +231,10 @@ static double time_launches(CUfunction f, const void *sym, void **params, launch
 }
 
 // Host time of b launches through fn, ns (the stream is synchronised after,
-// untimed). Only launches through the shim (counted) go into the
-// SHIMCOST-COUNTS total: those through the real driver bypass it on purpose.
-static uint64_t time_batch(launch_fn fn, CUfunction f, void **params, CUstream s, long b, bool counted)
+// untimed). Only launches through the linked cuLaunchKernel go into the
+// SHIMCOST-COUNTS total: those through the real driver bypass the shim on
+// purpose (without the shim, the two are the same function).
+static uint64_t time_batch(launch_fn fn, CUfunction f, void **params, CUstream s, long b)
 {
 	int bad = 0;
 	uint64_t t0 = now_ns(), t;
@@ -241,7 +242,7 @@ static uint64_t time_batch(launch_fn fn, CUfunction f, void **params, CUstream s
 	for (long i = 0; i < b; i++)
 		bad |= fn(f, 1, 1, 1, 1, 1, 1, 0, s, params, NULL);
 	t = now_ns() - t0;
-	if (counted)
+	if (fn == (launch_fn)cuLaunchKernel)
 		issued_launches += (uint64_t)b;
 	if (bad) {
 		fprintf(stderr, "shimcost: a launch failed during the paired loop\n");
@@ -258,10 +259,9 @@ static uint64_t time_batch(launch_fn fn, CUfunction f, void **params, CUstream s
 // falls out. A repetition's figure is the difference of the two means, ns
 // per launch. Without the shim both are the driver's: the figure is then the
 // method's own noise.
-static void bench_paired(launch_fn real, CUfunction *fn, void **args, CUstream s, int reps, long total,
-			 long batch)
+static void bench_paired(launch_fn real, const CUfunction *fn, const int *nparams, void **args, CUstream s,
+			 int reps, long total, long batch)
 {
-	const int nparams[3] = { 0, 4, 16 };
 	launch_fn linked = cuLaunchKernel;
 	char name[64];
 
@@ -277,11 +277,11 @@ static void bench_paired(launch_fn real, CUfunction *fn, void **args, CUstream s
 				long b = total - done < batch ? total - done : batch;
 
 				if (i & 1) {
-					tr += time_batch(real, fn[k], p, s, b, real == linked);
-					tl += time_batch(linked, fn[k], p, s, b, true);
+					tr += time_batch(real, fn[k], p, s, b);
+					tl += time_batch(linked, fn[k], p, s, b);
 				} else {
-					tl += time_batch(linked, fn[k], p, s, b, true);
-					tr += time_batch(real, fn[k], p, s, b, real == linked);
+					tl += time_batch(linked, fn[k], p, s, b);
+					tr += time_batch(real, fn[k], p, s, b);
 				}
 				n += b;
 			}
@@ -344,7 +344,7 @@ static void bench_launch(int reps, long total, long batch, launch_fn real)
 				fig_add(name, "ns", total, ns);
 			}
 	if (real)
-		bench_paired(real, fn, args, s, reps, total, batch);
+		bench_paired(real, fn, nparams, args, s, reps, total, batch);
 	else
 		printf("SHIMCOST-INFO section=paired skipped=the-real-driver's-cuLaunchKernel-not-found\n");
 	CU(cuStreamDestroy(s));

@@ -30,29 +30,16 @@ $(BUILD)/tests/daemon-proto: $(BUILD)/tests/e2e/daemon-proto.o $(COMMON_LIB)
 
 TESTS += $(BUILD)/tests/daemon-proto
 
-# The daemon tests' shared harness: header-only, and these rules keep no
-# dependency files, so the objects list it themselves.
-DAEMON_TEST_HDRS := tests/e2e/daemontest.h tests/e2e/fakeshim.h tests/unit/t.h
-
-# Daemon dump/restore against the test driver (needs tests/fakecuda).
-$(BUILD)/tests/e2e/daemon-dump.o: CFLAGS += -Itests/fakecuda
-$(BUILD)/tests/e2e/daemon-dump.o: $(DAEMON_TEST_HDRS)
-$(BUILD)/tests/daemon-dump: $(BUILD)/tests/e2e/daemon-dump.o $(COMMON_LIB) $(BUILD)/fakecuda/libcuda.so.1
+# Daemon dump/restore, and pre-copy for migration, against the test driver
+# (needs tests/fakecuda).
+DAEMON_FAKE_TESTS := daemon-dump daemon-precopy
+$(DAEMON_FAKE_TESTS:%=$(BUILD)/tests/e2e/%.o): CFLAGS += -Itests/fakecuda
+$(DAEMON_FAKE_TESTS:%=$(BUILD)/tests/%): $(BUILD)/tests/%: $(BUILD)/tests/e2e/%.o $(COMMON_LIB) $(BUILD)/fakecuda/libcuda.so.1
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -o $@ $< $(COMMON_LIB) $(LDFLAGS) -L$(BUILD)/fakecuda -Wl,-rpath,'$$ORIGIN/../fakecuda' \
 		-lcuda -lpthread -ldl
 
-TESTS += $(BUILD)/tests/daemon-dump
-
-# Pre-copy for migration, against the test driver.
-$(BUILD)/tests/e2e/daemon-precopy.o: CFLAGS += -Itests/fakecuda
-$(BUILD)/tests/e2e/daemon-precopy.o: $(DAEMON_TEST_HDRS)
-$(BUILD)/tests/daemon-precopy: $(BUILD)/tests/e2e/daemon-precopy.o $(COMMON_LIB) $(BUILD)/fakecuda/libcuda.so.1
-	@mkdir -p $(@D)
-	$(CC) $(CFLAGS) -o $@ $< $(COMMON_LIB) $(LDFLAGS) -L$(BUILD)/fakecuda -Wl,-rpath,'$$ORIGIN/../fakecuda' \
-		-lcuda -lpthread -ldl
-
-TESTS += $(BUILD)/tests/daemon-precopy
+TESTS += $(DAEMON_FAKE_TESTS:%=$(BUILD)/tests/%)
 
 # The CUDA application of the end-to-end C/R tests on the test driver.
 $(BUILD)/tests/e2e/fake-app.o: CFLAGS += -Itests/fakecuda

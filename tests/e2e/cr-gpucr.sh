@@ -560,8 +560,6 @@ restart_daemon
 APP_ENV=(env LD_LIBRARY_PATH=$B/lib/gpucr GPUCR_REAL_LIBCUDA=$FAKE GPUCR_QUIESCE_GRACE_MS=50
 	FAKECUDA_RESTORE_THREAD=1 GPUCR_APP_VMM=1 GPUCR_LOG=debug FAKE_APP_VMM_HOLD=1 FAKE_APP_VMM=2)
 appvmm_checks() { # name
-	local p
-	p=$(cat "$W/$1.dumped" 2>/dev/null)
 	vmm_checks "$1"
 	if grep -q "): adopted$" "$W/$1.app.log" && grep -q "released [1-9][0-9]* chunk(s)" "$W/$1.app.log" &&
 		grep -q "mapped back at its addresses ([1-9][0-9]* chunks)" "$W/$1.app.log"; then

@@ -40,20 +40,39 @@ static inline void daemon_paths(const char *tag)
 	snprintf(logpath, sizeof(logpath), "/tmp/gpucrd-%s-%d.log", tag, (int)getpid());
 }
 
-/* Returns once the daemon just forked accepts connections (3 s at most). */
-static inline void daemon_wait_up(void)
+/* A connection to the daemon, tried for 3 s at most while it comes up. */
+static inline int daemon_connect(void)
 {
 	int i, fd;
 
 	for (i = 0; i < 300; i++) {
 		fd = sock_connect_unix(sockpath);
-		if (fd >= 0) {
-			close(fd);
-			return;
-		}
+		if (fd >= 0)
+			return fd;
 		usleep(10000);
 	}
 	REQUIRE(!"daemon did not come up");
+	return -1;
+}
+
+/* Returns once the daemon just forked accepts connections. */
+static inline void daemon_wait_up(void)
+{
+	close(daemon_connect());
+}
+
+/* Sends Hello h on fd and returns the reply (caller frees). */
+static inline Gpucr__Msg *say_hello(int fd, Gpucr__Hello *h)
+{
+	Gpucr__Msg m = GPUCR__MSG__INIT, *rep = NULL;
+
+	m.has_id = 1;
+	m.id = 1;
+	m.body_case = GPUCR__MSG__BODY_HELLO;
+	m.hello = h;
+	REQUIRE(msg_send(fd, &m, NULL, 0) == 0);
+	REQUIRE(msg_recv(fd, &rep, NULL, 0, NULL) == 0);
+	return rep;
 }
 
 static inline void kill_daemon(void)
@@ -68,20 +87,13 @@ static inline void kill_daemon(void)
 /* A connection said hello to as the CLI. */
 static inline int cli(void)
 {
-	Gpucr__Msg m = GPUCR__MSG__INIT, *rep = NULL;
 	Gpucr__Hello h = GPUCR__HELLO__INIT;
 	int fd = sock_connect_unix(sockpath);
 
 	REQUIRE(fd >= 0);
 	h.proto_version = 1;
 	h.role = GPUCR__ROLE__ROLE_CLI;
-	m.has_id = 1;
-	m.id = 1;
-	m.body_case = GPUCR__MSG__BODY_HELLO;
-	m.hello = &h;
-	REQUIRE(msg_send(fd, &m, NULL, 0) == 0);
-	REQUIRE(msg_recv(fd, &rep, NULL, 0, NULL) == 0);
-	msg_free(rep);
+	msg_free(say_hello(fd, &h));
 	return fd;
 }
 

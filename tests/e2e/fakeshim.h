@@ -74,17 +74,10 @@ static inline void shim_alloc(CUdeviceptr *ret_va, size_t size, CUmemGenericAllo
 /* The shim's connection, said hello to as comm, running or restored. */
 static inline int shim_connect_as(const char *comm, int restored)
 {
-	Gpucr__Msg m = GPUCR__MSG__INIT, *rep = NULL;
 	Gpucr__Hello h = GPUCR__HELLO__INIT;
-	int fd = -1, i;
+	Gpucr__Msg *rep;
+	int fd = daemon_connect();
 
-	for (i = 0; i < 300; i++) {
-		fd = sock_connect_unix(sockpath);
-		if (fd >= 0)
-			break;
-		usleep(10000);
-	}
-	REQUIRE(fd >= 0);
 	h.proto_version = 1;
 	h.role = GPUCR__ROLE__ROLE_SHIM;
 	h.comm = (char *)comm;
@@ -92,12 +85,7 @@ static inline int shim_connect_as(const char *comm, int restored)
 	h.control_tid = (uint32_t)syscall(SYS_gettid);
 	h.has_restored = 1;
 	h.restored = (uint32_t)restored;
-	m.has_id = 1;
-	m.id = 1;
-	m.body_case = GPUCR__MSG__BODY_HELLO;
-	m.hello = &h;
-	REQUIRE(msg_send(fd, &m, NULL, 0) == 0);
-	REQUIRE(msg_recv(fd, &rep, NULL, 0, NULL) == 0);
+	rep = say_hello(fd, &h);
 	if (rep->err == -EBUSY || rep->err == -EAGAIN) {
 		/* Its last connection is not closed yet in gpucrd, or CRIU
 		 * (here: the dump's requester) is not done: again, as the shim

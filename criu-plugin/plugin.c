@@ -469,13 +469,16 @@ static int prepare_all(void)
 	return r;
 }
 
-/* The driver's restore or unlock of a restored process failed: the driver
- * still holds it (checkpointed or locked), and its first CUDA call would
- * wait for ever (the shim's remap of its memory is one). CRIU goes on after
- * a failure of the late hook, so kill it here: the restore fails, with the
- * reason in CRIU's log, instead of leaving a process that hangs. */
+/* The driver's restore or unlock of a restored process failed (err): if
+ * the driver still holds it (checkpointed or locked), its first CUDA call
+ * would wait for ever (the shim's remap of its memory is one). CRIU goes on
+ * after a failure of the late hook, so kill it here: the restore fails,
+ * with the reason in CRIU's log, instead of leaving a process that hangs.
+ * Returns err. */
 static int kill_driver_held(struct tracked *t, int err)
 {
+	if (!t->checkpointed && !t->locked)
+		return err;
 	pl_err("pid %d: the driver did not give its CUDA state back (%s: %s); killing it, as every CUDA call "
 	       "it made would wait for ever (the restore fails)",
 	       t->pid, t->checkpointed ? "still checkpointed" : "still locked", gpucr_strerror(err));
@@ -526,9 +529,7 @@ static int gpucr_resume_devices_late(int pid)
 			t->gpucr = 0;
 			return r2;
 		}
-		if (r < 0 && (t->checkpointed || t->locked))
-			return kill_driver_held(t, r);
-		return r;
+		return r < 0 ? kill_driver_held(t, r) : r;
 	}
 	r = drv_op(pid, GPUCR__DRIVER_OP_KIND__DRV_GET_RESTORE_TID, 0, NULL, &tid, msg, sizeof(msg));
 	if (r < 0 || tid <= 0)
@@ -554,7 +555,7 @@ static int gpucr_resume_devices_late(int pid)
 		r = driver_restore_unlock(t);
 	}
 	r2 = thread_stop_again(&h);
-	if (r < 0 && t && (t->checkpointed || t->locked))
+	if (r < 0 && t)
 		return kill_driver_held(t, r);
 	return r ? r : r2;
 }

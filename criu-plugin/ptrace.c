@@ -25,8 +25,11 @@ int thread_resume(int tid, struct held_thread *h)
 	memset(h, 0, sizeof(*h));
 	h->tid = tid;
 	if (ptrace(PTRACE_GETSIGMASK, tid, sizeof(h->sigmask), &h->sigmask) < 0) {
-		if (errno == ESRCH)
-			return -ESRCH; /* not stopped by CRIU: the caller decides */
+		if (errno == ESRCH) {
+			/* The caller decides what that means. */
+			pl_warn("thread %d: not stopped by CRIU (not traced, or gone)", tid);
+			return -ESRCH;
+		}
 		pl_err("thread %d: cannot read its signal mask: %s", tid, strerror(errno));
 		return -errno;
 	}

@@ -2,9 +2,10 @@
  * with them, and the adoption of whole, single mappings as gpucr's buffers.
  * Wraps cuMemCreate, cuMemRelease, cuMemMap, cuMemUnmap,
  * cuMemRetainAllocationHandle, cuMemGetAllocationPropertiesFromHandle,
- * cuMemExportToShareableHandle, cuMemImportFromShareableHandle,
- * cuMemMapArrayAsync(_ptsz), cuMulticastBindMem and cuMulticastBindAddr.
- * See appvmm.h. */
+ * cuMemExportToShareableHandle, cuMemMapArrayAsync(_ptsz),
+ * cuMulticastBindMem and cuMulticastBindAddr. An imported handle
+ * (cuMemImportFromShareableHandle, forwarded unwrapped) is the driver's:
+ * its checkpoint carries that memory. See appvmm.h. */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -511,25 +512,6 @@ SHIM_EXPORT CUresult cuMemExportToShareableHandle(void *shareableHandle, CUmemGe
 		return real.cuMemExportToShareableHandle(shareableHandle, handle, handleType, flags);
 	}
 	return export_tracked(shareableHandle, handle, handleType, flags);
-}
-
-/* Memory imported from another process (or another allocation's export) is
- * not virtualised: its handle is the driver's, which its checkpoint
- * carries, and gpucr could not give the memory back at restore. */
-SHIM_EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle, void *osHandle,
-						    CUmemAllocationHandleType shHandleType)
-{
-	SHIM_KEEP_ERRNO;
-	CUresult r;
-
-	real_ensure();
-	if (!real.cuMemImportFromShareableHandle)
-		return real_absent("cuMemImportFromShareableHandle");
-	gate_pass();
-	r = real.cuMemImportFromShareableHandle(handle, osHandle, shHandleType);
-	if (r == CUDA_SUCCESS && handle && appvmm_enabled())
-		pr_debug("app VMM handle %#llx imported: the driver's, left to its checkpoint\n", *handle);
-	return r;
 }
 
 /* Sparse arrays: a generic handle's memory mapped into an array. */

@@ -128,7 +128,8 @@ static struct vmap *map_containing(CUdeviceptr a)
 	return NULL;
 }
 
-static int map_insert(CUdeviceptr va, size_t size, size_t off, struct vh *e)
+/* Records a mapping; returns it, or NULL when out of memory. */
+static struct vmap *map_insert(CUdeviceptr va, size_t size, size_t off, struct vh *e)
 {
 	size_t i;
 
@@ -137,7 +138,7 @@ static int map_insert(CUdeviceptr va, size_t size, size_t off, struct vh *e)
 		struct vmap *v = realloc(maps, cap * sizeof(*v));
 
 		if (!v)
-			return -ENOMEM;
+			return NULL;
 		maps = v;
 		maps_cap = cap;
 	}
@@ -145,7 +146,7 @@ static int map_insert(CUdeviceptr va, size_t size, size_t off, struct vh *e)
 	memmove(&maps[i + 1], &maps[i], (nmaps - i) * sizeof(*maps));
 	maps[i] = (struct vmap){ .va = va, .size = size, .off = off, .h = e };
 	nmaps++;
-	return 0;
+	return &maps[i];
 }
 
 static void map_remove(size_t i)
@@ -329,13 +330,13 @@ static CUresult map_tracked(CUdeviceptr ptr, size_t size, size_t offset, CUmemGe
 	r = real.cuMemMap(ptr, size, offset, e ? vh_real(e) : handle, flags);
 	if (r != CUDA_SUCCESS || !e)
 		goto out;
-	if (map_insert(ptr, size, offset, e) < 0) {
+	m = map_insert(ptr, size, offset, e);
+	if (!m) {
 		/* Unrecorded, gpucr would not see it go. */
 		pin(e, "mapped where gpucr had no memory to record it");
 		goto out;
 	}
 	e->nmaps++;
-	m = map_containing(ptr);
 	if (e->region) {
 		pr_debug("app VMM handle %#llx mapped again at %#llx: no longer adopted\n", e->vh,
 			 (unsigned long long)ptr);

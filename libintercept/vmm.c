@@ -470,16 +470,25 @@ void vmm_forget_reports(void)
  * (peers the application opened it to included); a driver that cannot say
  * gets the owner's read-write access back, what the application needed to
  * use the memory at all. */
-static int save_access(struct region *r)
+/* The devices an access list may name (at most VMM_MAX_DEVICES; 0 when the
+ * driver cannot say). */
+static int access_devices(void)
+{
+	int ndev = 0;
+
+	if (real.cuDeviceGetCount(&ndev) != CUDA_SUCCESS || ndev <= 0)
+		return 0;
+	return ndev > VMM_MAX_DEVICES ? VMM_MAX_DEVICES : ndev;
+}
+
+/* Keeps the access the application gave adopted region r, over ndev
+ * devices (access_devices()), for the remap. */
+static int save_access(struct region *r, int ndev)
 {
 	CUmemAccessDesc *v;
 	unsigned int n = 0;
-	int ndev = 0, d;
+	int d;
 
-	if (real.cuDeviceGetCount(&ndev) != CUDA_SUCCESS || ndev <= 0)
-		ndev = 0;
-	if (ndev > VMM_MAX_DEVICES)
-		ndev = VMM_MAX_DEVICES;
 	v = calloc(ndev ? (size_t)ndev : 1, sizeof(*v));
 	if (!v)
 		return -ENOMEM;
@@ -510,7 +519,7 @@ int vmm_release_all(void)
 {
 	struct region *r;
 	unsigned int i;
-	int err;
+	int err, ndev = -1; /* asked at the first adopted region */
 
 	for (r = regions; r; r = r->next) {
 		for (i = 0; i < r->nchunks; i++) {
@@ -518,7 +527,9 @@ int vmm_release_all(void)
 			CUdeviceptr va = r->va + c->off;
 			CUresult cr;
 
-			if (c->mapped && r->app && (err = save_access(r)))
+			if (c->mapped && r->app && ndev < 0)
+				ndev = access_devices();
+			if (c->mapped && r->app && (err = save_access(r, ndev)))
 				return err;
 			if (c->mapped) {
 				cr = real.cuMemUnmap(va, c->size);

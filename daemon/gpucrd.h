@@ -223,6 +223,7 @@ struct pc_image {
 	struct img_writer *w;       /* pages files under their temporary names, or NULL */
 	int dirfd;                  /* owned */
 	uint64_t chunk;
+	uint64_t piece;             /* longest run a write takes (run_piece) */
 	size_t nbufs;
 	struct pc_buf *bufs;        /* sorted by va */
 };

@@ -715,6 +715,21 @@ static int add_run(struct run **runs, size_t *n, size_t *cap, struct rbuf *b, ui
 	return 0;
 }
 
+/* Whether [dev_off, dev_off + len) of b, at file_off in file, continues the
+ * last of runs, which is still shorter than max bytes: it is then added to
+ * that run. */
+static bool run_extend(struct run *runs, size_t nruns, const struct rbuf *b, uint64_t dev_off, unsigned file,
+		       uint64_t file_off, uint64_t len, uint64_t max)
+{
+	struct run *last = nruns ? &runs[nruns - 1] : NULL;
+
+	if (!last || last->b != b || last->file != file || last->dev_off + last->len != dev_off ||
+	    last->file_off + last->len != file_off || last->len >= max)
+		return false;
+	last->len += len;
+	return true;
+}
+
 static int cmp_rbuf(const void *a, const void *b)
 {
 	const struct rbuf *x = *(struct rbuf *const *)a, *y = *(struct rbuf *const *)b;
@@ -898,6 +913,7 @@ int imgio_precopy_open(struct pc_image *pc, pid_t pid, char *msg, size_t msglen)
 	for (i = 0; i < pc->nbufs; i++)
 		total += pc->bufs[i].rb.phys_size;
 	piece = run_piece(total, pc->chunk);
+	pc->piece = piece;
 	/* Pieces of every buffer, the pages files taking them in turn. */
 	for (i = 0; i < pc->nbufs; i++) {
 		struct pc_buf *pb = &pc->bufs[i];
@@ -945,7 +961,7 @@ int imgio_precopy_round(struct pc_image *pc, pid_t pid, int store, uint64_t *ret
 	}
 	for (i = 0; i < pc->nbufs && !r; i++) {
 		struct pc_buf *pb = &pc->bufs[i];
-		uint64_t c, prev = UINT64_MAX;
+		uint64_t c;
 
 		if (!pb->rb.mem.va)
 			continue; /* not imported: written in full at T */
@@ -963,17 +979,11 @@ int imgio_precopy_round(struct pc_image *pc, pid_t pid, int store, uint64_t *ret
 			if (!nz[c] || (ch->stored && ch->fp == fp[c]))
 				continue;
 			dirty += len;
-			if (!store)
+			if (!store || run_extend(runs, nruns, &pb->rb, c * pc->chunk, ch->file, ch->file_off, len, pc->piece))
 				continue;
-			if (prev != UINT64_MAX && prev + 1 == c && ch->file == pb->ch[prev].file &&
-			    ch->file_off == pb->ch[prev].file_off + pc->chunk && runs[nruns - 1].b == &pb->rb) {
-				runs[nruns - 1].len += len; /* the run goes on */
-			} else {
-				r = add_run(&runs, &nruns, &caprun, &pb->rb, c * pc->chunk, ch->file, ch->file_off, len);
-				if (!r)
-					runs[nruns - 1].rec = ch;
-			}
-			prev = c;
+			r = add_run(&runs, &nruns, &caprun, &pb->rb, c * pc->chunk, ch->file, ch->file_off, len);
+			if (!r)
+				runs[nruns - 1].rec = ch;
 		}
 	}
 	if (r < 0 || !store || !nruns)
@@ -1284,18 +1294,18 @@ int imgio_write(struct proc *p, int dirfd, struct img_stats *st, char *msg, size
 			pr_info("pid %d: buffer 0x%" PRIx64 " (%" PRIu64 " MiB) was not pre-copied (allocated since, "
 				"or its layout changed): written in full",
 				(int)p->pid, b->va + b->phys_offset, b->phys_size >> 20);
+		/* All zero at T: nothing to save. */
+		for (c = 0; !r && c < n && st->hooks && st->hooks->saved; c++)
+			if (!nz[c])
+				st->hooks->saved(st->hooks->data, b->va + b->phys_offset + br->chunks[c].offset,
+						 br->chunks[c].length);
 		/* Pre-copied: each chunk has its place; what the pre-copy stored
 		 * there may be kept (checked below), the rest is written there. */
 		for (c = 0; pb && c < n && !r; c++) {
 			const struct pc_chunk *pcc = &pb->ch[c];
-			struct run *last = nruns ? &runs[nruns - 1] : NULL;
 
-			if (!nz[c]) {
-				if (st->hooks && st->hooks->saved)
-					st->hooks->saved(st->hooks->data, b->va + b->phys_offset + br->chunks[c].offset,
-							 br->chunks[c].length);
+			if (!nz[c])
 				continue;
-			}
 			br->chunks[c].has_data_offset = 1;
 			br->chunks[c].data_offset = pcc->file_off;
 			br->chunks[c].has_file = pcc->file != 0;
@@ -1305,12 +1315,9 @@ int imgio_write(struct proc *p, int dirfd, struct img_stats *st, char *msg, size
 				r = keep_push(&keeps, &nkeeps, &capkeeps, b, &br->chunks[c], img_writer_pages_fd_n(w, pcc->file));
 				continue;
 			}
-			if (last && last->b == b && last->file == pcc->file &&
-			    last->dev_off + last->len == br->chunks[c].offset &&
-			    last->file_off + last->len == pcc->file_off && last->len < piece) {
-				last->len += br->chunks[c].length;
+			if (run_extend(runs, nruns, b, br->chunks[c].offset, pcc->file, pcc->file_off,
+				       br->chunks[c].length, piece))
 				continue;
-			}
 			r = add_run(&runs, &nruns, &caprun, b, br->chunks[c].offset, pcc->file, pcc->file_off,
 				    br->chunks[c].length);
 			if (!r && st->hooks)
@@ -1322,10 +1329,6 @@ int imgio_write(struct proc *p, int dirfd, struct img_stats *st, char *msg, size
 			uint64_t first = c, len = 0, off, k;
 
 			if (!nz[c]) {
-				/* All zero at T: nothing to save. */
-				if (st->hooks && st->hooks->saved)
-					st->hooks->saved(st->hooks->data, b->va + b->phys_offset + br->chunks[c].offset,
-							 br->chunks[c].length);
 				c++;
 				continue;
 			}

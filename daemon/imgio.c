@@ -1120,13 +1120,21 @@ static int keep_push(struct keep **v, size_t *n, size_t *cap, struct rbuf *b, Gp
 /* The pre-copied buffer at the same address and size as b, or NULL. */
 static struct pc_buf *pc_find(struct pc_image *pc, const struct rbuf *b)
 {
-	size_t i;
+	uint64_t va = b->va + b->phys_offset;
+	size_t lo = 0, hi = pc ? pc->nbufs : 0, mid;
+	struct pc_buf *pb;
 
-	for (i = 0; pc && i < pc->nbufs; i++)
-		if (pc->bufs[i].rb.va == b->va + b->phys_offset && pc->bufs[i].rb.phys_size == b->phys_size &&
-		    pc->bufs[i].rb.device == b->device && pc->bufs[i].ch)
-			return &pc->bufs[i];
-	return NULL;
+	while (lo < hi) { /* pc->bufs is sorted by va */
+		mid = lo + (hi - lo) / 2;
+		if (pc->bufs[mid].rb.va < va)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	if (!pc || lo == pc->nbufs)
+		return NULL;
+	pb = &pc->bufs[lo];
+	return pb->rb.va == va && pb->rb.phys_size == b->phys_size && pb->rb.device == b->device && pb->ch ? pb : NULL;
 }
 
 struct bufrec {

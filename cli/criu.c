@@ -86,8 +86,9 @@ static void json_precopy(struct json *j, const struct cli_dump_result *res)
 	json_obj_end(j);
 }
 
-static void json_result_ex(FILE *f, const char *cmd, long pid, const char *dir, int ok, double criu_s, double total_s,
-			   const struct cli_dump_result *res)
+/* The result as JSON on f (closed); res: a dump's pre-copy figures, or NULL. */
+static void json_result(FILE *f, const char *cmd, long pid, const char *dir, int ok, double criu_s, double total_s,
+			const struct cli_dump_result *res)
 {
 	struct json j;
 
@@ -107,11 +108,6 @@ static void json_result_ex(FILE *f, const char *cmd, long pid, const char *dir, 
 	json_obj_end(&j);
 	json_end(&j);
 	fclose(f);
-}
-
-static void json_result(FILE *f, const char *cmd, long pid, const char *dir, int ok, double criu_s, double total_s)
-{
-	json_result_ex(f, cmd, pid, dir, ok, criu_s, total_s, NULL);
 }
 
 static double now(void)
@@ -172,26 +168,29 @@ static void show_errors(const char *dir, const char *log)
 	}
 }
 
-/* CRIU wants --shell-job for a process that is not its session's leader. */
-static int is_shell_job(long pid)
+/* Fields 4 (ppid) and 6 (session) of /proc/PID/stat; 0 when it cannot be read. */
+static int proc_stat_ids(long pid, long *ret_ppid, long *ret_sid)
 {
 	char path[64], buf[1024], *p;
-	long sid = 0;
 	FILE *f;
 
 	snprintf(path, sizeof(path), "/proc/%ld/stat", pid);
 	f = fopen(path, "re");
 	if (!f)
 		return 0;
-	if (!fgets(buf, sizeof(buf), f)) {
-		fclose(f);
-		return 0;
-	}
+	if (!fgets(buf, sizeof(buf), f))
+		buf[0] = 0;
 	fclose(f);
 	p = strrchr(buf, ')');
-	if (!p || sscanf(p + 2, "%*c %*d %*d %ld", &sid) != 1)
-		return 0;
-	return sid != pid;
+	return p && sscanf(p + 2, "%*c %ld %*d %ld", ret_ppid, ret_sid) == 2;
+}
+
+/* CRIU wants --shell-job for a process that is not its session's leader. */
+static int is_shell_job(long pid)
+{
+	long ppid, sid;
+
+	return proc_stat_ids(pid, &ppid, &sid) && sid != pid;
 }
 
 static void image_summary(const char *dir)
@@ -352,21 +351,11 @@ static int in_tree(long p, long root)
 	int hops;
 
 	for (hops = 0; p > 1 && hops < 4096; hops++) {
-		char path[64], buf[512], *e;
-		long ppid = 0;
-		FILE *f;
+		long ppid, sid;
 
 		if (p == root)
 			return 1;
-		snprintf(path, sizeof(path), "/proc/%ld/stat", p);
-		f = fopen(path, "re");
-		if (!f)
-			return 0;
-		if (!fgets(buf, sizeof(buf), f))
-			buf[0] = 0;
-		fclose(f);
-		e = strrchr(buf, ')');
-		if (!e || sscanf(e + 2, "%*c %ld", &ppid) != 1)
+		if (!proc_stat_ids(p, &ppid, &sid))
 			return 0;
 		p = ppid;
 	}
@@ -583,7 +572,7 @@ int cmd_dump(int argc, char **argv)
 	if (json)
 		jf = json_take_stdout();
 	r = cli_dump(pid, dir, leave, criu_given, argv + optind, argc - optind, precopy ? rounds : -1, &res);
-	json_result_ex(jf, "dump", pid, dir, r == CLI_OK, res.criu_s, res.total_s, &res);
+	json_result(jf, "dump", pid, dir, r == CLI_OK, res.criu_s, res.total_s, &res);
 	return r;
 }
 
@@ -646,10 +635,10 @@ int cmd_restore(int argc, char **argv)
 	if (r != 0) {
 		fprintf(stderr, "gpucr restore: criu restore from %s failed (exit %d) after %.2f s\n", dir, r, t1 - t0);
 		show_errors(dir, "restore.log");
-		json_result(jf, "restore", 0, dir, 0, t1 - t0, 0);
+		json_result(jf, "restore", 0, dir, 0, t1 - t0, 0, NULL);
 		return CLI_FAIL;
 	}
 	printf("gpucr restore: restored from %s in %.2f s\n", dir, t1 - t0);
-	json_result(jf, "restore", 0, dir, 1, t1 - t0, 0);
+	json_result(jf, "restore", 0, dir, 1, t1 - t0, 0, NULL);
 	return CLI_OK;
 }

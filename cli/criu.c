@@ -15,6 +15,7 @@
 #include "cli.h"
 #include "image.h"
 #include "json.h"
+#include "log.h"
 
 void help_dump(FILE *f)
 {
@@ -263,8 +264,7 @@ static int wait_images(const char *dir, double t0, struct cli_dump_result *res)
 	uint32_t pids[256];
 	uint64_t done, total, seen = 0;
 	int bad = 0, stale = 0, tty = isatty(STDERR_FILENO), shown = 0, writing;
-	const char *env = getenv("GPUCR_IMAGE_STALL_MS");
-	double stall = (env && *env ? strtod(env, NULL) : 120000) / 1e3;
+	double stall = env_ms("GPUCR_IMAGE_STALL_MS", 120000) / 1e3;
 	double start = now(), last = 0, moved = start;
 	char real[PATH_MAX];
 	size_t n, i;

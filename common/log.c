@@ -1,5 +1,6 @@
 /* Owns the process-wide log settings and the formatting of log lines. */
 #include <errno.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -129,4 +130,21 @@ void log_perror(const char *file, int line, const char *fmt, ...)
 	log_vmsg(LOG_ERR, file, line, fmt, ap, saved);
 	va_end(ap);
 	errno = saved;
+}
+
+unsigned env_ms(const char *name, unsigned def)
+{
+	const char *s = getenv(name);
+	unsigned long v;
+	char *end;
+
+	if (!s || !*s)
+		return def;
+	errno = 0;
+	v = strtoul(s, &end, 10);
+	if (errno || *end || v > UINT32_MAX) {
+		pr_warn("%s=%s is not a number of milliseconds; using %u", name, s, def);
+		return def;
+	}
+	return (unsigned)v;
 }

@@ -41,4 +41,8 @@ void log_perror(const char *file, int line, const char *fmt, ...)
 	} while (0)
 #define pr_perror(fmt, ...) log_perror(__FILE__, __LINE__, fmt, ##__VA_ARGS__)
 
+/* Milliseconds from environment variable name: def when it is unset or
+ * empty, and, with a warning in the log, when it is not a number. */
+unsigned env_ms(const char *name, unsigned def);
+
 #endif

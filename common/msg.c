@@ -8,6 +8,7 @@
 #include <cuda.h>
 
 #include "frame.h"
+#include "log.h"
 #include "msg.h"
 
 int msg_send(int sock, Gpucr__Msg *m, const int *fds, unsigned nfds)
@@ -81,14 +82,7 @@ static uint64_t mono_ms(void)
 
 unsigned msg_daemon_timeout_ms(void)
 {
-	const char *s = getenv("GPUCR_DAEMON_TIMEOUT_MS");
-	char *end;
-	unsigned long v;
-
-	if (!s || !*s)
-		return 30000;
-	v = strtoul(s, &end, 10);
-	return *end || v > 0xffffffffUL ? 30000 : (unsigned)v;
+	return env_ms("GPUCR_DAEMON_TIMEOUT_MS", 30000);
 }
 
 static int send_ping(int sock, uint64_t *next_id)

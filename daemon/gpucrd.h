@@ -130,7 +130,6 @@ void conn_hold(struct conn *c);
 void conn_put(struct conn *c);
 int conn_is_open(const struct conn *c);
 /* A duration from the environment in ms: def when unset or not a number. */
-unsigned env_ms(const char *name, unsigned def);
 /* Runs fn on a worker thread, then done on the loop. */
 int daemon_queue_work(struct daemon *d, void (*fn)(void *), void (*done)(void *, int), void *data);
 

@@ -79,23 +79,6 @@ int daemon_queue_work(struct daemon *d, void (*fn)(void *), void (*done)(void *,
 	return r;
 }
 
-unsigned env_ms(const char *name, unsigned def)
-{
-	const char *s = getenv(name);
-	unsigned long v;
-	char *end;
-
-	if (!s || !*s)
-		return def;
-	errno = 0;
-	v = strtoul(s, &end, 10);
-	if (errno || *end || v > UINT32_MAX) {
-		pr_warn("%s=%s is not a number of milliseconds; using %u", name, s, def);
-		return def;
-	}
-	return (unsigned)v;
-}
-
 static void on_signal(uv_signal_t *h, int sig)
 {
 	struct daemon *d = h->data;

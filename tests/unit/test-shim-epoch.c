@@ -37,6 +37,7 @@
 #include "gate.h"
 #include "t.h"
 #include "shimtest.h"
+#include "gatetest.h"
 
 #define MIB (1UL << 20)
 
@@ -65,42 +66,36 @@ static long long now_ms(void)
 /* ---- launches on a thread of their own ------------------------------------ */
 
 struct job {
+	struct shim_job sj; /* first: shimtest.h's */
 	CUdeviceptr p;
 	int v;
 	bool undecodable;
-	CUresult r;
-	int done;
-	pthread_t t;
 };
 
-static void *job_main(void *arg)
+static CUresult job_run(struct shim_job *sj)
 {
-	struct job *j = arg;
+	struct job *j = (struct job *)sj;
 	int n = 1024;
 	void *params[] = { &j->p, &j->v, &n };
 	void *bad_extra[] = { (void *)(uintptr_t)0x77, NULL, CU_LAUNCH_PARAM_END };
 
-	REQUIRE(cuCtxSetCurrent(ctx) == CUDA_SUCCESS);
-	if (j->undecodable) /* an `extra` option the decoder does not know (the fake refuses it) */
+	if (j->undecodable) { /* an `extra` option the decoder does not know (the fake refuses it) */
 		cuLaunchKernel(fill_fn, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, bad_extra);
-	else
-		j->r = cuLaunchKernel(fill_fn, 1, 1, 1, 32, 1, 1, 0, NULL, params, NULL);
-	__atomic_store_n(&j->done, 1, __ATOMIC_RELEASE);
-	return NULL;
+		return CUDA_ERROR_UNKNOWN;
+	}
+	return cuLaunchKernel(fill_fn, 1, 1, 1, 32, 1, 1, 0, NULL, params, NULL);
 }
 
 static void start(struct job *j, CUdeviceptr p, int v)
 {
 	j->p = p;
 	j->v = v;
-	j->r = CUDA_ERROR_UNKNOWN;
-	j->done = 0;
-	REQUIRE(pthread_create(&j->t, NULL, job_main, j) == 0);
+	shim_job_start(&j->sj, job_run, ctx);
 }
 
 static int done(struct job *j)
 {
-	return __atomic_load_n(&j->done, __ATOMIC_ACQUIRE);
+	return shim_job_done(&j->sj);
 }
 
 /* Waits up to ms for j to finish; joins it when it did. */
@@ -112,23 +107,8 @@ static int until_done(struct job *j, int ms)
 		usleep(1000);
 	if (!done(j))
 		return 0;
-	pthread_join(j->t, NULL);
+	pthread_join(j->sj.t, NULL);
 	return 1;
-}
-
-static unsigned int chunk_waiters(void)
-{
-	struct chunk_gate_stats st;
-
-	chunk_gate_get_stats(&st);
-	return st.waiting;
-}
-
-static void until_chunk_waiters(unsigned int n)
-{
-	for (int i = 0; i < 5000 && chunk_waiters() != n; i++)
-		usleep(1000);
-	CHECK_EQ_INT(chunk_waiters(), n);
 }
 
 /* ---- the fake daemon's side --------------------------------------------------- */
@@ -294,7 +274,7 @@ static void cycle_and_halves(void)
 
 	start(&js, S, 3); /* its chunk is saved: goes */
 	CHECK(until_done(&js, 5000));
-	CHECK_EQ_INT(js.r, CUDA_SUCCESS);
+	CHECK_EQ_INT(js.sj.r, CUDA_SUCCESS);
 	CHECK_EQ_INT(((int *)(uintptr_t)S)[0], 3);
 
 	start(&ja, A, 9); /* not saved: waits, and the fake is asked for A */
@@ -311,7 +291,7 @@ static void cycle_and_halves(void)
 	CHECK(!done(&ja));
 	CHECK_EQ_INT(saved(A + MIB, ab->va + ab->size - (A + MIB)), 0);
 	CHECK(until_done(&ja, 5000));
-	CHECK_EQ_INT(ja.r, CUDA_SUCCESS);
+	CHECK_EQ_INT(ja.sj.r, CUDA_SUCCESS);
 	CHECK_EQ_INT(((int *)(uintptr_t)A)[0], 9);
 	CHECK_EQ_INT(((int *)(uintptr_t)A)[1023], 9);
 	CHECK(chunk_gate_on());
@@ -325,14 +305,14 @@ static void cycle_and_halves(void)
 	start(&ju, A, 0);
 	CHECK(wait_wanted(5000));
 	CHECK(nwanted_all >= 1);
-	until_chunk_waiters(2);
+	until_waiting(2);
 	CHECK(!done(&jb) && !done(&ju));
 
 	/* all: the epoch is over. */
 	CHECK_EQ_INT(saved(0, 0), 0);
 	CHECK(until_done(&jb, 5000));
 	CHECK(until_done(&ju, 5000));
-	CHECK_EQ_INT(jb.r, CUDA_SUCCESS);
+	CHECK_EQ_INT(jb.sj.r, CUDA_SUCCESS);
 	CHECK_EQ_INT(((int *)(uintptr_t)B)[0], 5);
 	CHECK(!chunk_gate_on());
 	/* ... and stays over: a late range changes nothing. */
@@ -354,7 +334,7 @@ static void drop_releases(void)
 	CHECK(!done(&j));
 	fdd_drop_conn(&d);
 	CHECK(until_done(&j, 5000));
-	CHECK_EQ_INT(j.r, CUDA_SUCCESS);
+	CHECK_EQ_INT(j.sj.r, CUDA_SUCCESS);
 	CHECK(!chunk_gate_on());
 	connect_fake();
 	CHECK_EQ_INT(d.restored, 0);
@@ -375,7 +355,7 @@ static void quiesce_releases(void)
 	CHECK(!done(&j));
 	CHECK_EQ_INT(quiesce(), 0);
 	CHECK(until_done(&j, 5000));
-	CHECK_EQ_INT(j.r, CUDA_SUCCESS);
+	CHECK_EQ_INT(j.sj.r, CUDA_SUCCESS);
 	CHECK(!chunk_gate_on());
 	CHECK(gate_is_closed());
 	CHECK_EQ_INT(resume(false, NULL), 0);
@@ -411,7 +391,7 @@ static void begin_fails(void)
 	CHECK(!done(&j));
 	CHECK_EQ_INT(resume(false, NULL), 0);
 	CHECK(until_done(&j, 5000));
-	CHECK_EQ_INT(j.r, CUDA_SUCCESS);
+	CHECK_EQ_INT(j.sj.r, CUDA_SUCCESS);
 	CHECK_EQ_INT(((int *)(uintptr_t)S)[0], 17);
 }
 
@@ -468,7 +448,7 @@ static void escaped_suspects(void)
 	CHECK_EQ_INT(nheld, 1);
 	CHECK(!strcmp(held[0], "fill"));
 	start(&j2, S, 31);
-	until_chunk_waiters(2);
+	until_waiting(2);
 	usleep(100 * 1000);
 	while (wait_wanted(200))
 		;
@@ -479,8 +459,8 @@ static void escaped_suspects(void)
 	CHECK_EQ_INT(saved(0, 0), 0);
 	CHECK(until_done(&j, 5000));
 	CHECK(until_done(&j2, 5000));
-	CHECK_EQ_INT(j.r, CUDA_SUCCESS);
-	CHECK_EQ_INT(j2.r, CUDA_SUCCESS);
+	CHECK_EQ_INT(j.sj.r, CUDA_SUCCESS);
+	CHECK_EQ_INT(j2.sj.r, CUDA_SUCCESS);
 }
 
 int main(void)

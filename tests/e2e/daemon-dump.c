@@ -313,26 +313,12 @@ static int fake_state(void)
 
 static Gpucr__Msg *dump_wait(int fd)
 {
-	Gpucr__Msg m = GPUCR__MSG__INIT;
-	Gpucr__DumpWait w = GPUCR__DUMP_WAIT__INIT;
-
-	w.pid = (uint32_t)getpid();
-	m.body_case = GPUCR__MSG__BODY_DUMP_WAIT;
-	m.dump_wait = &w;
-	return call(fd, &m, -1);
+	return dump_wait_for(fd, (uint32_t)getpid());
 }
 
 static Gpucr__Msg *restore_req(int fd, int dirfd, int background)
 {
-	Gpucr__Msg m = GPUCR__MSG__INIT;
-	Gpucr__RestoreRequest r = GPUCR__RESTORE_REQUEST__INIT;
-
-	r.pid = (uint32_t)app_pid;
-	r.has_background = background;
-	r.background = background;
-	m.body_case = GPUCR__MSG__BODY_RESTORE;
-	m.restore = &r;
-	return call(fd, &m, dirfd);
+	return restore_for(fd, dirfd, (uint32_t)app_pid, background);
 }
 
 static Gpucr__Msg *restore(int fd, int dirfd)

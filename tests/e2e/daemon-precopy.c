@@ -234,7 +234,6 @@ static Gpucr__Msg *dump(int c, int dirfd)
 {
 	Gpucr__Msg m = GPUCR__MSG__INIT, *r;
 	Gpucr__DumpRequest d = GPUCR__DUMP_REQUEST__INIT;
-	Gpucr__DumpWait w = GPUCR__DUMP_WAIT__INIT;
 
 	d.pid = (uint32_t)getpid();
 	m.body_case = GPUCR__MSG__BODY_DUMP;
@@ -245,11 +244,7 @@ static Gpucr__Msg *dump(int c, int dirfd)
 	REQUIRE(r->err == 0);
 	msg_free(r);
 	CHECK(!mapped);
-	gpucr__msg__init(&m);
-	w.pid = (uint32_t)getpid();
-	m.body_case = GPUCR__MSG__BODY_DUMP_WAIT;
-	m.dump_wait = &w;
-	r = call(c, &m, -1);
+	r = dump_wait_for(c, (uint32_t)getpid());
 	if (r->err)
 		fprintf(stderr, "dump wait: %s\n", r->err_msg);
 	REQUIRE(r->err == 0 && r->body_case == GPUCR__MSG__BODY_DUMP_REPLY);
@@ -258,13 +253,8 @@ static Gpucr__Msg *dump(int c, int dirfd)
 
 static void restore_from(int c, int dirfd, int expect_retained)
 {
-	Gpucr__Msg m = GPUCR__MSG__INIT, *r;
-	Gpucr__RestoreRequest rr = GPUCR__RESTORE_REQUEST__INIT;
+	Gpucr__Msg *r = restore_for(c, dirfd, (uint32_t)getpid(), 0);
 
-	rr.pid = (uint32_t)getpid();
-	m.body_case = GPUCR__MSG__BODY_RESTORE;
-	m.restore = &rr;
-	r = call(c, &m, dirfd);
 	if (r->err)
 		fprintf(stderr, "restore: %s\n", r->err_msg);
 	REQUIRE(r->err == 0);

@@ -115,6 +115,33 @@ static inline Gpucr__Msg *call(int fd, Gpucr__Msg *m, int pass_fd)
 	}
 }
 
+/* DumpWait for pid: its reply (caller frees). */
+static inline Gpucr__Msg *dump_wait_for(int fd, uint32_t pid)
+{
+	Gpucr__Msg m = GPUCR__MSG__INIT;
+	Gpucr__DumpWait w = GPUCR__DUMP_WAIT__INIT;
+
+	w.pid = pid;
+	m.body_case = GPUCR__MSG__BODY_DUMP_WAIT;
+	m.dump_wait = &w;
+	return call(fd, &m, -1);
+}
+
+/* A restore of pid from dirfd's image (or the memory kept), in the
+ * background or not: its reply (caller frees). */
+static inline Gpucr__Msg *restore_for(int fd, int dirfd, uint32_t pid, int background)
+{
+	Gpucr__Msg m = GPUCR__MSG__INIT;
+	Gpucr__RestoreRequest r = GPUCR__RESTORE_REQUEST__INIT;
+
+	r.pid = pid;
+	r.has_background = background;
+	r.background = background;
+	m.body_case = GPUCR__MSG__BODY_RESTORE;
+	m.restore = &r;
+	return call(fd, &m, dirfd);
+}
+
 /* ---- the daemon's log ---------------------------------------------------- */
 
 static inline off_t log_size(void)

@@ -1,5 +1,6 @@
 # Shared by the CRIU end-to-end scripts (sourced after `set -u`, not run):
-# the set-up, cleanup, result lines, a private gpucrd. Set CR_NAME (the
+# the set-up, cleanup, result lines, a private gpucrd, a flow's output
+# checked against the uninterrupted run (check_same). Set CR_NAME (the
 # scratch dir's name) first. Sets B (the build dir), W (a scratch dir),
 # FAKE (the test driver, for gpucrd and the application), GPUCR_SOCKET,
 # CRIU's plugin dir and APP_ENV: the application under gpucr's shim on the
@@ -36,4 +37,21 @@ stop_daemon() {
 	pkill -f "gpucrd --socket $GPUCR_SOCKET"
 	for _ in $(seq 1 100); do pgrep -f "gpucrd --socket $GPUCR_SOCKET" >/dev/null || break; sleep 0.05; done
 	rm -f "$GPUCR_SOCKET"
+}
+
+# What a flow NAME left, for a failure: its flow and application logs,
+# CRIU's gpucr lines and errors, gpucrd's last lines.
+show_logs() { # name
+	tail -5 "$W/$1.flow.log" "$W/$1.app.log" 2>/dev/null | sed 's/^/    /'
+	grep -h "gpucr:\|Error" "$W/$1/dump.log" "$W/$1/restore.log" 2>/dev/null | tail -15 | sed 's/^/    criu| /'
+	[ -f "$W/gpucrd.log" ] && tail -15 "$W/gpucrd.log" | sed 's/^/    gpucrd| /'
+}
+# Flow NAME's output ($W/NAME.out) against the uninterrupted run's ($W/ref).
+check_same() { # name
+	if cmp -s "$W/ref" "$W/$1.out"; then
+		ok "$1: output identical to the uninterrupted run"
+	else
+		bad "$1: output differs: $(diff "$W/ref" "$W/$1.out" 2>&1 | head -4 | tr '\n' ' ')"
+		show_logs "$1"
+	fi
 }

@@ -57,15 +57,6 @@ damage_image() { # pid name
 	printf '\xff' | dd of="$W/$2/gpucr-pages-$1.img" bs=1 seek=5000 conv=notrunc status=none
 }
 
-check_same() { # name
-	if cmp -s "$W/ref" "$W/$1.out"; then
-		ok "$1: output identical to the uninterrupted run"
-	else
-		bad "$1: output differs: $(diff "$W/ref" "$W/$1.out" | head -4 | tr '\n' ' ')"
-		tail -5 "$W/$1.flow.log" "$W/$1/dump.log" "$W/$1/restore.log" "$W/$1.app.log" 2>/dev/null | sed 's/^/    /'
-		tail -15 "$W/gpucrd.log" | sed 's/^/    gpucrd| /'
-	fi
-}
 
 start_daemon
 

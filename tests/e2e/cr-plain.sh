@@ -50,21 +50,6 @@ FLOW
 	"$B/tests/e2e-subreaper" bash "$W/$name.sh" >"$W/$name.flow.log" 2>&1
 }
 
-show_logs() { # name
-	tail -5 "$W/$1.flow.log" "$W/$1.app.log" 2>/dev/null | sed 's/^/    /'
-	grep -h "gpucr:\|Error" "$W/$1/dump.log" "$W/$1/restore.log" 2>/dev/null | tail -15 | sed 's/^/    criu| /'
-	[ -f "$W/gpucrd.log" ] && tail -8 "$W/gpucrd.log" | sed 's/^/    gpucrd| /'
-}
-
-check_same() { # name
-	if cmp -s "$W/ref" "$W/$1.out"; then
-		ok "$1: output identical to the uninterrupted run"
-	else
-		bad "$1: output differs: $(diff "$W/ref" "$W/$1.out" 2>&1 | head -4 | tr '\n' ' ')"
-		show_logs "$1"
-	fi
-}
-
 # The plugin's log says it took the driver's own path, at dump ($2 = dump)
 # or at restore ($2 = restore).
 check_driver_path() { # name dump|restore

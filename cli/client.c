@@ -41,6 +41,9 @@ int cli_connect(const char *path)
 		fd_ = -1;
 		return r;
 	}
+	/* A frame gpucrd stops sending halfway is waited for no longer than
+	 * its silence (msg_call bounds the rest). */
+	msg_bound_frames(fd_, msg_daemon_timeout_ms());
 	h.proto_version = GPUCR_PROTO_VERSION;
 	h.role = GPUCR__ROLE__ROLE_CLI;
 	h.gpucr_version = (char *)GPUCR_VERSION;

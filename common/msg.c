@@ -2,6 +2,8 @@
 #include <errno.h>
 #include <poll.h>
 #include <stdlib.h>
+#include <sys/socket.h>
+#include <sys/time.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -83,6 +85,14 @@ static uint64_t mono_ms(void)
 unsigned msg_daemon_timeout_ms(void)
 {
 	return env_ms("GPUCR_DAEMON_TIMEOUT_MS", 30000);
+}
+
+void msg_bound_frames(int sock, unsigned idle_ms)
+{
+	struct timeval tv = { .tv_sec = idle_ms / 1000, .tv_usec = (idle_ms % 1000) * 1000 };
+
+	if (idle_ms)
+		setsockopt(sock, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
 }
 
 static int send_ping(int sock, uint64_t *next_id)

@@ -36,6 +36,10 @@ void msg_free(Gpucr__Msg *m);
 int msg_call(int sock, Gpucr__Msg *req, int fd, uint64_t *next_id, unsigned idle_ms, int ping, Gpucr__Msg **ret);
 /* GPUCR_DAEMON_TIMEOUT_MS, the idle_ms of clients' calls (default 30000). */
 unsigned msg_daemon_timeout_ms(void);
+/* Bounds the receive of a frame the peer stops sending halfway by idle_ms
+ * (0: no bound): msg_call's poll sees only that a frame began. For a
+ * client's socket, once after connecting. */
+void msg_bound_frames(int sock, unsigned idle_ms);
 
 /* The driver's process state as the protocol reports it. */
 Gpucr__DriverState msg_driver_state(int cu_process_state);

@@ -5,8 +5,6 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
-#include <sys/time.h>
 #include <unistd.h>
 
 #include "plugin.h"
@@ -49,10 +47,6 @@ int client_connect(void)
 {
 	Gpucr__Msg m = GPUCR__MSG__INIT, *rep = NULL;
 	Gpucr__Hello h = GPUCR__HELLO__INIT;
-	/* A frame gpucrd stops sending halfway is waited for no longer than
-	 * its silence (msg_call bounds the rest). */
-	unsigned idle = msg_daemon_timeout_ms();
-	struct timeval tv = { .tv_sec = idle / 1000, .tv_usec = (idle % 1000) * 1000 };
 	int fd, r;
 
 	if (sock_fd >= 0)
@@ -62,8 +56,9 @@ int client_connect(void)
 	fd = sock_connect_unix(sock_default_path());
 	if (fd < 0)
 		return fd;
-	if (idle)
-		setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+	/* A frame gpucrd stops sending halfway is waited for no longer than
+	 * its silence (msg_call bounds the rest). */
+	msg_bound_frames(fd, msg_daemon_timeout_ms());
 	sock_fd = fd;
 	h.proto_version = GPUCR_PROTO_VERSION;
 	h.role = GPUCR__ROLE__ROLE_PLUGIN;

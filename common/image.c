@@ -94,7 +94,7 @@ static int write_full(int fd, uint64_t off, const void *buf, size_t len)
 	return 0;
 }
 
-static int read_full(int fd, uint64_t off, void *buf, size_t len)
+int img_read_full(int fd, uint64_t off, void *buf, size_t len)
 {
 	char *p = buf;
 
@@ -512,7 +512,7 @@ static int check_pages(struct gpucr_image *img, struct img_errbuf *eb)
 		img->pages_sizes[k] = (uint64_t)st.st_size;
 		img->pages_size += img->pages_sizes[k];
 		memset(&ph, 0, sizeof(ph));
-		r = read_full(img->pages_fds[k], 0, &ph, sizeof(ph));
+		r = img_read_full(img->pages_fds[k], 0, &ph, sizeof(ph));
 		if (r < 0 || memcmp(ph.magic, IMG_PAGES_MAGIC, 8))
 			return set_err(eb, -EBADMSG, "%s: not a gpucr pages file (bad magic)", pname);
 		if (ph.pid != img->pid)
@@ -601,7 +601,7 @@ int img_read(int dirfd, uint32_t pid, struct gpucr_image **ret, struct img_errbu
 		goto fail;
 	}
 	size = (uint64_t)st.st_size;
-	r = read_full(fd, 0, filehdr, sizeof(filehdr));
+	r = img_read_full(fd, 0, filehdr, sizeof(filehdr));
 	if (r < 0 || memcmp(filehdr, IMG_MAGIC, 8)) {
 		r = set_err(eb, -EBADMSG, "%s: not a gpucr image (bad magic)", name);
 		goto fail;
@@ -625,7 +625,7 @@ int img_read(int dirfd, uint32_t pid, struct gpucr_image **ret, struct img_errbu
 			r = set_err(eb, -EBADMSG, "%s: truncated record header at offset %" PRIu64, name, off);
 			goto fail;
 		}
-		r = read_full(fd, off, rh, sizeof(rh));
+		r = img_read_full(fd, off, rh, sizeof(rh));
 		if (r < 0) {
 			set_err(eb, r, "%s: read: %s", name, strerror(-r));
 			goto fail;
@@ -645,7 +645,7 @@ int img_read(int dirfd, uint32_t pid, struct gpucr_image **ret, struct img_errbu
 			r = set_err(eb, -ENOMEM, "out of memory");
 			goto fail;
 		}
-		r = read_full(fd, off + sizeof(rh), buf, len);
+		r = img_read_full(fd, off + sizeof(rh), buf, len);
 		if (r < 0) {
 			set_err(eb, r, "%s: read: %s", name, strerror(-r));
 			goto fail;
@@ -766,8 +766,8 @@ int img_read_chunk(const struct gpucr_image *img, const Gpucr__Buffer *b, size_t
 	if (c->has_zero && c->zero) {
 		memset(buf, 0, c->length);
 	} else {
-		r = read_full(img->pages_fds[c->has_file && c->file < img->npages ? c->file : 0], c->data_offset,
-			      buf, c->length);
+		r = img_read_full(img->pages_fds[c->has_file && c->file < img->npages ? c->file : 0], c->data_offset,
+				  buf, c->length);
 		if (r < 0)
 			return set_err(eb, r, "buffer 0x%" PRIx64 ": chunk %zu: read: %s", b->va,
 				       chunk_idx, strerror(-r));

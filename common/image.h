@@ -41,6 +41,10 @@ struct img_errbuf {
 	char msg[512];
 };
 
+/* len bytes at off of fd (EINTR retried): 0, -ENODATA at the end of the
+ * file, or -errno. */
+int img_read_full(int fd, uint64_t off, void *buf, size_t len);
+
 /* ---- writing ---------------------------------------------------------- */
 
 struct img_writer;

@@ -1057,25 +1057,15 @@ static void *keep_main(void *arg)
 
 	for (;;) {
 		struct keep *k;
-		uint64_t len, got = 0;
 
 		pthread_mutex_lock(&kc->lock);
 		k = kc->next < kc->n ? &kc->v[kc->next++] : NULL;
 		pthread_mutex_unlock(&kc->lock);
 		if (!k)
 			break;
-		len = k->ch->length;
-		while (buf && got < len) {
-			ssize_t n = pread(k->fd, (char *)buf + got, len - got, (off_t)(k->ch->data_offset + got));
-
-			if (n < 0 && errno == EINTR)
-				continue;
-			if (n <= 0)
-				break;
-			got += (uint64_t)n;
-		}
 		/* Unreadable counts as damaged: the chunk is written again. */
-		k->bad = !buf || got < len || fp_chunk(buf, len, 0) != k->ch->fingerprint;
+		k->bad = !buf || img_read_full(k->fd, k->ch->data_offset, buf, k->ch->length) < 0 ||
+			 fp_chunk(buf, k->ch->length, 0) != k->ch->fingerprint;
 	}
 	free(buf);
 	return NULL;

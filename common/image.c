@@ -151,6 +151,19 @@ static int write_record(struct img_writer *w, uint32_t type, const ProtobufCMess
 	return r;
 }
 
+/* What the writer puts in every header record it writes: the format
+ * version, pid, pages files and image id. */
+static void header_fill(struct img_writer *w, Gpucr__ImageHeader *h)
+{
+	h->format_version = IMG_FORMAT_VERSION;
+	h->pid = w->pid;
+	h->has_pages_files = w->npages > 1;
+	h->pages_files = w->npages;
+	h->has_image_id = 1;
+	h->image_id.data = w->image_id;
+	h->image_id.len = sizeof(w->image_id);
+}
+
 int img_writer_open(int dirfd, uint32_t pid, Gpucr__ImageHeader *hdr, struct img_writer **ret,
 		    struct img_errbuf *eb)
 {
@@ -196,21 +209,15 @@ int img_writer_open(int dirfd, uint32_t pid, Gpucr__ImageHeader *hdr, struct img
 	/* The record gets the format version, pid and a fresh image id; the
 	 * caller's header is left as it was. */
 	hcopy = *hdr;
-	hcopy.format_version = IMG_FORMAT_VERSION;
-	hcopy.pid = pid;
-	hcopy.has_pages_files = w->npages > 1;
-	hcopy.pages_files = w->npages;
 	if (!hcopy.has_image_id || hcopy.image_id.len != sizeof(w->image_id)) {
 		if (getrandom(w->image_id, sizeof(w->image_id), 0) != sizeof(w->image_id)) {
 			r = set_err(eb, -EIO, "getrandom failed for the image id");
 			goto fail;
 		}
-		hcopy.has_image_id = 1;
-		hcopy.image_id.data = w->image_id;
-		hcopy.image_id.len = sizeof(w->image_id);
 	} else {
 		memcpy(w->image_id, hcopy.image_id.data, sizeof(w->image_id));
 	}
+	header_fill(w, &hcopy);
 
 	memcpy(filehdr, IMG_MAGIC, 8);
 	put_u32(filehdr + 8, IMG_FORMAT_VERSION);
@@ -264,13 +271,7 @@ int img_writer_reheader(struct img_writer *w, const Gpucr__ImageHeader *hdr, str
 
 	if (w->nbuffers)
 		return set_err(eb, -EBUSY, "%s: the header cannot change after buffer records", w->img_tmp);
-	hcopy.format_version = IMG_FORMAT_VERSION;
-	hcopy.pid = w->pid;
-	hcopy.has_pages_files = w->npages > 1;
-	hcopy.pages_files = w->npages;
-	hcopy.has_image_id = 1;
-	hcopy.image_id.data = w->image_id;
-	hcopy.image_id.len = sizeof(w->image_id);
+	header_fill(w, &hcopy);
 	pthread_mutex_lock(&w->lock);
 	w->img_off = 16; /* right after the file header */
 	r = ftruncate(w->img_fd, (off_t)w->img_off) < 0 ? -errno : 0;

@@ -58,17 +58,17 @@ struct seg {
 	CUdeviceptr base;
 	size_t size, mapped, used, gran;
 	CUdevice dev;
+	CUmemAllocationProp prop;        /* of every granule */
 	CUmemGenericAllocationHandle *h; /* per granule, with FAKE_APP_VMM_HOLD */
 };
 
 static void seg_init(struct seg *s, CUdevice dev, size_t size)
 {
-	CUmemAllocationProp prop = { 0 };
-
-	prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-	prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-	prop.location.id = dev;
-	CK(cuMemGetAllocationGranularity(&s->gran, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED));
+	memset(&s->prop, 0, sizeof(s->prop));
+	s->prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+	s->prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+	s->prop.location.id = dev;
+	CK(cuMemGetAllocationGranularity(&s->gran, &s->prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED));
 	s->size = (size + s->gran - 1) / s->gran * s->gran;
 	s->dev = dev;
 	s->mapped = s->used = 0;
@@ -137,13 +137,9 @@ static CUdeviceptr seg_alloc(struct seg *s, size_t bytes)
 		exit(3);
 	}
 	while (s->mapped < at + bytes) {
-		CUmemAllocationProp prop = { 0 };
 		CUmemGenericAllocationHandle h;
 
-		prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-		prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-		prop.location.id = s->dev;
-		CK(cuMemCreate(&h, s->gran, &prop, 0));
+		CK(cuMemCreate(&h, s->gran, &s->prop, 0));
 		CK(cuMemMap(s->base + s->mapped, s->gran, 0, h, 0));
 		/* The mapping keeps the memory; PyTorch keeps the handle to
 		 * unmap later, the app needs it only when told to hold it. */

@@ -626,11 +626,13 @@ static CUresult bind_addr_tracked(CUmemGenericAllocationHandle mcHandle, size_t 
 	pthread_mutex_lock(&av_lock);
 	r = REAL_WRAPPED_CALL(cuMulticastBindAddr, bind_addr_fn, (mcHandle, mcOffset, memptr, size, flags));
 	if (r == CUDA_SUCCESS) {
-		/* Every mapping the range touches, the one it starts in too. */
+		/* Every mapping the range touches, the one it starts in too
+		 * (that one lies below memptr: addresses are compared, not
+		 * offsets from memptr, which would wrap). */
 		i = map_lower(memptr);
 		if (i > 0 && memptr - maps[i - 1].va < maps[i - 1].size)
 			i--;
-		for (; i < nmaps && maps[i].va - memptr < size; i++)
+		for (; i < nmaps && maps[i].va < memptr + size; i++)
 			pin(maps[i].h, "bound to a multicast object");
 	}
 	pthread_mutex_unlock(&av_lock);

@@ -445,6 +445,19 @@ CUresult CUDAAPI cuMemGetAccess(unsigned long long *flags, const CUmemLocation *
 	return rc;
 }
 
+/* Multicast objects are not modelled: binding a range to one succeeds (a
+ * range of no bytes is refused) and changes nothing, which is enough for
+ * the shim's bookkeeping of what was bound. */
+CUresult CUDAAPI cuMulticastBindAddr(CUmemGenericAllocationHandle mcHandle, size_t mcOffset, CUdeviceptr memptr,
+				     size_t size, unsigned long long flags)
+{
+	(void)mcHandle;
+	(void)mcOffset;
+	(void)memptr;
+	(void)flags;
+	return size ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
 CUresult CUDAAPI cuMemExportToShareableHandle(void *shareableHandle, CUmemGenericAllocationHandle handle,
 					      CUmemAllocationHandleType handleType, unsigned long long flags)
 {

@@ -104,7 +104,7 @@ int main(void)
 {
 	CUresult (*drv_ptrattr)(void *, CUpointer_attribute, CUdeviceptr);
 	CUresult (*drv_range)(CUdeviceptr *, size_t *, CUdeviceptr);
-	CUmemGenericAllocationHandle h1, h2, h3, h4, h5, h6, himp, hr, r2;
+	CUmemGenericAllocationHandle h1, h2, h3, h4, h5, h6, h7, h8, himp, hr, r2;
 	CUmemAllocationProp p1 = dev_prop(0), p2 = dev_prop(CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR), q;
 	struct alloc_chunk_fd *chunks = NULL;
 	struct alloc_changes ch;
@@ -318,6 +318,23 @@ int main(void)
 	CHECK(same(va, 2 * gran, 6));
 	CHECK_EQ_INT(cuMemRelease(h6), CUDA_SUCCESS);
 	CHECK_EQ_INT(cuMemUnmap(va, 2 * gran), CUDA_SUCCESS);
+
+	/* ---- bound to a multicast object: left to the driver ---- */
+	/* A range that starts inside one adopted mapping and runs into the
+	 * next pins both. */
+	REQUIRE(cuMemCreate(&h7, gran, &p1, 0) == CUDA_SUCCESS);
+	REQUIRE(cuMemCreate(&h8, gran, &p1, 0) == CUDA_SUCCESS);
+	REQUIRE(cuMemMap(va + 10 * gran, gran, 0, h7, 0) == CUDA_SUCCESS);
+	REQUIRE(cuMemMap(va + 11 * gran, gran, 0, h8, 0) == CUDA_SUCCESS);
+	set_access(va + 10 * gran, 2 * gran, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+	CHECK(is_app_buf(va + 10 * gran, gran));
+	CHECK(is_app_buf(va + 11 * gran, gran));
+	CHECK_EQ_INT(cuMulticastBindAddr(0x99, 0, va + 10 * gran + gran / 2, gran, 0), CUDA_SUCCESS);
+	CHECK(buftab_lookup(va + 10 * gran, &(struct buf){ 0 }) < 0);
+	CHECK(buftab_lookup(va + 11 * gran, &(struct buf){ 0 }) < 0);
+	CHECK_EQ_INT(cuMemUnmap(va + 10 * gran, 2 * gran), CUDA_SUCCESS);
+	CHECK_EQ_INT(cuMemRelease(h7), CUDA_SUCCESS);
+	CHECK_EQ_INT(cuMemRelease(h8), CUDA_SUCCESS);
 
 	/* ---- the rest let go ---- */
 	CHECK_EQ_INT(cuMemUnmap(va + 4 * gran, gran), CUDA_SUCCESS);
